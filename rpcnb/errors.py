@@ -1,0 +1,99 @@
+"""Errors rpcnb raises, and the one-sentence messages behind them.
+
+The sentences are module constants so tests (and docs/troubleshooting.md) can match them.
+"""
+
+from __future__ import annotations
+
+NOT_INITIALIZED = "This process is not in an RPC group yet: run %rpc_init (or rpcnb.init()) first."
+ALREADY_INITIALIZED = (
+    "This process is already in an RPC group as {name!r}: run %rpc_shutdown first, "
+    "then %rpc_init again."
+)
+UNKNOWN_WORKER = "There is no worker {name!r} in the group; known workers: {known}. Check %rpc_workers."
+NO_WORKERS = "The group has no workers besides this one: start some with %rpc_init --workers N."
+EMPTY_CELL = "The cell is empty: write the code to run on {target} below the %%remote line."
+NAME_TAKEN = (
+    "The name {name!r} is already taken in this group (names are never reused): "
+    "pick another with --name."
+)
+NAME_CLASH = (
+    "--name {name!r} clashes with the name of a started worker (worker1..worker{n}): "
+    "pick a name that is not workerK."
+)
+BAD_NAME = (
+    "{name!r} is not a valid worker name: use letters, digits, '_' and '-' only "
+    "(at most 64 characters)."
+)
+JOIN_NOT_FOUND = (
+    "No rpcnb group answers at {addr!r}: check the address printed by %rpc_init on the "
+    "group's first kernel, and that the group is still running."
+)
+WORKER_DIED = "Worker {name!r} died ({how}); its namespace is lost. The rest of the group keeps working."
+WORKER_LEFT = "Worker {name!r} has left the group; start a new worker under a new name."
+CALL_TIMEOUT = (
+    "The remote cell on {name!r} did not finish within {timeout:g} s and was interrupted; "
+    "raise --timeout if it needs longer."
+)
+START_FAILED = "Worker {name!r} failed to start ({how}). Its log ends with:\n{log}"
+START_TIMEOUT = (
+    "Worker {name!r} did not join within {timeout:g} s; it was stopped. Its log ends with:\n{log}"
+)
+NOT_PICKLABLE = (
+    "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
+    "Leave out --fetch to keep it remote as an RRef."
+)
+
+
+class RpcnbError(RuntimeError):
+    """A problem rpcnb can name: bad input, a missing group, a dead worker."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a deep local stack: the message says it all.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class WorkerDiedError(RpcnbError):
+    """The worker a call went to has died (or left) before answering."""
+
+    def __init__(self, message: str, worker: str) -> None:
+        super().__init__(message)
+        self.worker = worker
+
+
+class RemoteError(RpcnbError):
+    """An exception raised by code running on a worker.
+
+    ``worker`` names the worker, ``ename``/``evalue`` the remote exception, and
+    ``traceback`` holds the remote traceback text, with the cell's own line numbers.
+    IPython shows that traceback instead of the local one (``_render_traceback_``).
+    """
+
+    def __init__(self, worker: str, ename: str, evalue: str, traceback: str) -> None:
+        super().__init__(f"{ename} on {worker}: {evalue}")
+        self.worker = worker
+        self.ename = ename
+        self.evalue = evalue
+        self.traceback = traceback
+
+    def _render_traceback_(self) -> list[str]:
+        head = f"RemoteError: {self.ename} on {self.worker}"
+        return [head, *self.traceback.rstrip("\n").splitlines()]
+
+
+class CompositeRemoteError(RemoteError):
+    """Several workers raised; ``errors`` maps each worker's name to its RemoteError."""
+
+    def __init__(self, errors: dict[str, RemoteError]) -> None:
+        first = next(iter(errors.values()))
+        super().__init__(first.worker, first.ename, first.evalue, first.traceback)
+        self.errors = errors
+        self.args = (f"{len(errors)} workers raised: " + ", ".join(
+            f"{w}: {e.ename}" for w, e in errors.items()),)
+
+    def _render_traceback_(self) -> list[str]:
+        lines: list[str] = [f"CompositeRemoteError: {len(self.errors)} workers raised"]
+        for err in self.errors.values():
+            lines.append("")
+            lines.extend(err._render_traceback_())
+        return lines

@@ -1,0 +1,182 @@
+"""The IPython magics: parse the line, call the API, display. No RPC logic here."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from rpcnb import errors
+
+NO_TARGET = "Name the worker(s) to run on, e.g. %%remote worker1 or %%remote worker1,worker2, or use --all."
+NO_EXPR = "Give the expression to run: %remote worker1 EXPR (or use %%remote for a whole cell)."
+PUSH_MISSING = "--push: there is no variable {name!r} in this notebook to send."
+JOIN_NEEDS_NAME = "--join needs --name: the name this kernel takes in the group, e.g. --name alice."
+JOIN_NO_WORKERS = "--join and --workers do not go together: the group's first kernel starts the workers."
+BAD_OUTPUT_NAME = "-o {name!r} is not a valid Python variable name."
+
+# Options of the remote magics that take a value (for splitting the line form).
+_VALUED = {"-o", "--push", "--timeout"}
+
+
+def _csv(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _remote_args(func: Any) -> Any:
+    """Flags shared by %remote and %%remote, written once."""
+    for deco in reversed([
+        magic_arguments(),
+        argument("target", nargs="?", default=None,
+                 help="worker name, or several separated by commas"),
+        argument("--all", action="store_true", help="every worker but this kernel"),
+        argument("-o", dest="output", default=None, help="bind the result to this name"),
+        argument("--fetch", action="store_true", help="return the value, not an RRef"),
+        argument("--push", default=None, help="send these notebook variables first: a,b"),
+        argument("--timeout", type=float, default=None,
+                 help="interrupt the cell after this many seconds"),
+    ]):
+        func = deco(func)
+    return func
+
+
+def _split_line_form(line: str) -> tuple[str, str]:
+    """Split '%remote [flags] WORKER EXPR' into the flag part and the expression, raw."""
+    pos = 0
+    expect_value = False
+    while True:
+        m = re.match(r"\s*(\S+)", line[pos:])
+        if not m:
+            return line, ""
+        tok = m.group(1)
+        pos += m.end()
+        if expect_value:
+            expect_value = False
+            continue
+        if tok.startswith("-"):
+            expect_value = tok in _VALUED
+            continue
+        # tok is the target, unless --all was given (then it is the expression's start)
+        head = line[:pos]
+        if "--all" in head.split()[:-1]:
+            return line[: pos - len(tok)], line[pos - len(tok):].strip()
+        return head, line[pos:].strip()
+
+
+@magics_class
+class RpcMagics(Magics):
+    """%rpc_init, %%remote, %remote, %rpc_workers, %rpc_shutdown."""
+
+    @magic_arguments()
+    @argument("--workers", type=int, default=0, help="start this many worker processes")
+    @argument("--name", default=None, help="this kernel's name in the group")
+    @argument("--join", default=None, metavar="ADDR", help="join the group at ADDR")
+    @argument("--timeout", type=float, default=None, help="RPC timeout in seconds (default 60)")
+    @argument("--threads", type=int, default=None, help="RPC threads per process (default 16)")
+    @argument("--channels", default=None, help="TensorPipe channels to allow, e.g. basic,cma")
+    @argument("--transports", default=None, help="TensorPipe transports to allow, e.g. uv,shm")
+    @line_magic
+    def rpc_init(self, line: str) -> None:
+        """Start an RPC group with this kernel as worker0, or join one."""
+        from rpcnb import session
+
+        args = parse_argstring(self.rpc_init, line)
+        kwargs: dict[str, Any] = {}
+        if args.threads is not None:
+            kwargs["threads"] = args.threads
+        if args.timeout is not None:
+            kwargs["timeout"] = args.timeout
+        try:
+            if args.join:
+                if not args.name:
+                    raise UsageError(JOIN_NEEDS_NAME)
+                if args.workers:
+                    raise UsageError(JOIN_NO_WORKERS)
+                if args.channels or args.transports:
+                    raise UsageError("--channels/--transports are set by the group's first kernel.")
+                group = session.join(args.join, args.name, **kwargs)
+            else:
+                group = session.init(args.workers, name=args.name or "worker0",
+                                     channels=_csv(args.channels),
+                                     transports=_csv(args.transports), **kwargs)
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
+        print(group)
+
+    @no_var_expand
+    @_remote_args
+    @line_cell_magic
+    def remote(self, line: str, cell: str | None = None) -> Any:
+        """Run a cell (or, as %remote WORKER EXPR, one expression) on worker(s)."""
+        if cell is None:
+            flags, code = _split_line_form(line)
+            args = parse_argstring(self.remote, flags)
+            if not code.strip():
+                raise UsageError(NO_EXPR)
+        else:
+            args = parse_argstring(self.remote, line)
+            code = cell
+        return self._run(args, code)
+
+    def _run(self, args: Any, code: str) -> Any:
+        from rpcnb import session
+
+        if args.all and args.target:
+            raise UsageError(f"Give either --all or worker names ({args.target!r}), not both.")
+        if not args.all and not args.target:
+            raise UsageError(NO_TARGET)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(BAD_OUTPUT_NAME.format(name=args.output))
+        push = {}
+        for name in _csv(args.push) or []:
+            if name not in self.shell.user_ns:
+                raise UsageError(PUSH_MISSING.format(name=name))
+            push[name] = self.shell.user_ns[name]
+        target = session.ALL if args.all else args.target
+        try:
+            result = session.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
+        except errors.WorkerDiedError:
+            raise
+        except errors.RemoteError:
+            raise
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        except errors.RpcnbError as exc:
+            if session.is_initialized():
+                raise
+            raise UsageError(str(exc)) from None
+        if args.output:
+            self.shell.user_ns[args.output] = result
+            return None
+        return result
+
+    @line_magic
+    def rpc_workers(self, line: str) -> Any:
+        """The group now: names, hosts, pids, devices, alive, calls, recent latency."""
+        from rpcnb import session
+
+        if line.strip():
+            raise UsageError("%rpc_workers takes no arguments.")
+        try:
+            return session.group()
+        except errors.RpcnbError as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--timeout", type=float, default=10.0,
+              help="seconds a worker gets to leave before it is stopped")
+    @line_magic
+    def rpc_shutdown(self, line: str) -> None:
+        """Leave the group: workers first, this kernel last. Never hangs."""
+        from rpcnb import session
+
+        args = parse_argstring(self.rpc_shutdown, line)
+        if not session.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        session.shutdown(timeout=args.timeout)
+        print("rpcnb: left the group; %rpc_init starts a new one.")

@@ -1,0 +1,957 @@
+"""This process's membership in an RPC group: init, join, run, shutdown, the registry.
+
+The first kernel (``init``) is rank 0, holds the rendezvous store (a file under a private
+temporary directory, so nothing listens) and leaves last. Other kernels ``join``; worker
+processes are started by ``launch``. Names and ranks are never reused in one group.
+
+rpcnb also repairs what torch's dynamic membership cannot: when a member dies, the first
+kernel removes it from the group so later joins and the final shutdown do not hang.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from rpcnb import errors, launch, telemetry
+from rpcnb.errors import RemoteError, RpcnbError, WorkerDiedError
+
+DEFAULT_THREADS = 16
+DEFAULT_RPC_TIMEOUT = 60.0
+START_TIMEOUT = 120.0
+INTERRUPT_GRACE = 3.0  # seconds a cell gets to stop after an interrupt
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+_TOKEN_KEY = "RpcGroupManagementToken"
+_STORE_PREFIX = "rpc_prefix_0"
+ALL = "--all"
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class Member:
+    """What rpcnb knows about one member of the group."""
+
+    name: str
+    rank: int
+    host: str = ""
+    pid: int | None = None
+    kind: str = "process"  # "process" (started by rpcnb) or "kernel"
+    devices: list[str] = field(default_factory=list)
+    alive: bool = True
+    how: str = ""  # how it died or left
+    calls: int = 0
+    recent_ms: float | None = None
+
+
+@dataclass
+class Group:
+    """The group as seen from this process; ``print()`` it for a table."""
+
+    me: str
+    leader: str
+    address: str
+    members: list[Member]
+
+    @property
+    def join_line(self) -> str:
+        return f"%rpc_init --join {self.address} --name NAME"
+
+    def table(self) -> str:
+        rows = [("name", "rank", "host", "pid", "kind", "devices", "alive", "calls", "recent")]
+        for m in self.members:
+            rows.append((
+                m.name + (" (this kernel)" if m.name == self.me else ""),
+                str(m.rank), m.host, str(m.pid or "-"), m.kind,
+                ",".join(m.devices) or "cpu",
+                "yes" if m.alive else f"no: {m.how}",
+                str(m.calls),
+                "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",
+            ))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+    def __str__(self) -> str:
+        return (f"rpcnb group of {sum(m.alive for m in self.members)} "
+                f"(this process is {self.me}, {self.leader} holds the rendezvous)\n"
+                f"{self.table()}\n"
+                f"Join from another kernel on this host:\n  {self.join_line}")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
+@dataclass
+class _Call:
+    call_id: str
+    worker: str
+    inbox: queue.Queue[tuple[str, str, int, list[Any]]]
+    future: Any = None
+    next_seq: int = 0
+    held: dict[int, list[Any]] = field(default_factory=dict)
+    result: Any = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class _Session:
+    def __init__(self, name: str, rank: int, leader: str, init_method: str,
+                 options: dict[str, Any], group_dir: Path | None, runner: Any) -> None:
+        self.name = name
+        self.rank = rank
+        self.leader = leader
+        self.init_method = init_method
+        self.options = options
+        self.group_dir = group_dir  # only on the leader, which owns it
+        self.runner = runner
+        self.procs: dict[str, launch.LocalWorker] = {}
+        self.members: dict[str, Member] = {}
+        self.dead: dict[str, str] = {}
+        self.calls: dict[str, _Call] = {}
+        self.lock = threading.RLock()
+        self.closing = False
+        self.watcher: threading.Thread | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.name == self.leader
+
+    def live_names(self) -> list[str]:
+        import torch.distributed.rpc as rpc
+
+        agent = rpc.api._get_current_rpc_agent()
+        infos = sorted(agent.get_worker_infos(), key=lambda w: w.id)
+        return [w.name for w in infos if w.name not in self.dead]
+
+
+_session: _Session | None = None
+
+
+def _require() -> _Session:
+    if _session is None:
+        raise RpcnbError(errors.NOT_INITIALIZED)
+    return _session
+
+
+def is_initialized() -> bool:
+    return _session is not None
+
+
+def current() -> _Session:
+    return _require()
+
+
+# --------------------------------------------------------------------------- membership
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(errors.BAD_NAME.format(name=name))
+
+
+def _rpc_options(options: dict[str, Any], init_method: str) -> Any:
+    import torch.distributed.rpc as rpc
+
+    kwargs: dict[str, Any] = {
+        "init_method": init_method,
+        "num_worker_threads": int(options.get("threads", DEFAULT_THREADS)),
+        "rpc_timeout": float(options.get("timeout", DEFAULT_RPC_TIMEOUT)),
+    }
+    if options.get("channels"):
+        kwargs["_channels"] = list(options["channels"])
+    if options.get("transports"):
+        kwargs["_transports"] = list(options["transports"])
+    return rpc.TensorPipeRpcBackendOptions(**kwargs)
+
+
+def validate_options(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RPC_TIMEOUT,
+                     channels: Iterable[str] | None = None,
+                     transports: Iterable[str] | None = None) -> dict[str, Any]:
+    """Check TensorPipe settings before any process starts; return them as plain data."""
+    from rpcnb import channels as ch
+
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, not {threads!r}.")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
+    opts: dict[str, Any] = {"threads": threads, "timeout": float(timeout)}
+    if channels:
+        opts["channels"] = ch.check_names(list(channels), "channel")
+    if transports:
+        opts["transports"] = ch.check_names(list(transports), "transport")
+    return opts
+
+
+def _open_store(init_method: str, timeout: float = 10.0) -> Any:
+    """The group's store, as a client, under the prefix torch uses for the first init."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not init_method.startswith("file://"):
+        raise ValueError(f"Unsupported rendezvous address {init_method!r}: use file://PATH.")
+    path = init_method[len("file://"):]
+    if not os.path.exists(path):
+        raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=init_method))
+    store = dist.FileStore(path, -1)
+    store.set_timeout(datetime.timedelta(seconds=timeout))
+    return dist.PrefixStore(_STORE_PREFIX, store)
+
+
+def _claim_name(store: Any, name: str) -> None:
+    mine = f"{os.getpid()}-{uuid.uuid4().hex}"
+    got = store.compare_set(f"rpcnb/used/{name}", "", mine).decode()
+    if got != mine:
+        raise RpcnbError(errors.NAME_TAKEN.format(name=name))
+
+
+def start_member(name: str, rank: int, init_method: str, options: dict[str, Any], *,
+                 leader: str, runner: Any, group_dir: Path | None = None) -> _Session:
+    """init_rpc with dynamic membership and make this process an rpcnb member."""
+    global _session
+    launch.apply_quiet_env()
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import serialize, worker
+
+    serialize.install()
+    # torch prefixes the store with a per-process init counter; every rpcnb group uses a
+    # fresh store, so a kernel re-initialising after shutdown must start from 0 again.
+    rpc._init_counter = 0  # type: ignore[attr-defined]
+    rpc.init_rpc(name, rank=rank, rpc_backend_options=_rpc_options(options, init_method))
+    _session = _Session(name, rank, leader, init_method, options, group_dir, runner)
+    worker._runner = runner
+    return _session
+
+
+def _kernel_runner(name: str) -> Any:
+    """A cell runner over this kernel's (or script's) own namespace."""
+    from rpcnb import worker
+
+    shell = _shell()
+    if shell is not None:
+        ns = shell.user_ns
+    else:
+        import __main__
+
+        ns = __main__.__dict__
+    runner = worker.CellRunner(name, ns, shell)
+    worker.install_routing(shell)
+    runner.start_thread()
+    return runner
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return None
+    return get_ipython()
+
+
+def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THREADS,
+         timeout: float = DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
+         transports: Iterable[str] | None = None) -> Group:
+    """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
+
+    The workers are named ``worker1``..``workerN``. The rendezvous is a file in a private
+    temporary directory, so the group is reachable from this host only.
+    """
+    if _session is not None:
+        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_session.name))
+    _check_name(name)
+    if not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be a whole number >= 0, not {workers!r}.")
+    names = [f"worker{i}" for i in range(1, workers + 1)]
+    if name in names:
+        raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
+    options = validate_options(threads, timeout, channels, transports)
+
+    group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
+    init_method = f"file://{group_dir / 'store'}"
+    session: _Session | None = None
+    try:
+        runner = _kernel_runner(name)
+        session = start_member(name, 0, init_method, options, leader=name, runner=runner,
+                               group_dir=group_dir)
+        store = _agent_store()
+        store.set("rpcnb/leader", name)
+        _claim_name(store, name)
+        session.members[name] = Member(name, 0, socket.gethostname(), os.getpid(), "kernel",
+                                       _devices())
+        for wname in names:
+            _claim_name(store, wname)
+            rank = int(store.add("rpcnb/next_rank", 1))
+            session.procs[wname] = launch.start_worker(wname, rank, init_method, name,
+                                                       group_dir, options)
+        _wait_joined(session, list(session.procs.values()))
+        for w in session.procs.values():
+            session.members[w.name] = Member(w.name, w.rank, socket.gethostname(), w.pid,
+                                             "process")
+        session.watcher = threading.Thread(target=_watch, args=(session,),
+                                           name="rpcnb-watch", daemon=True)
+        session.watcher.start()
+    except BaseException:
+        _abort(session, group_dir)
+        raise
+    return group()
+
+
+def _devices() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def _agent_store() -> Any:
+    import torch.distributed.rpc as rpc
+
+    return rpc.api._get_current_rpc_agent().store
+
+
+def _wait_joined(session: _Session, started: list[launch.LocalWorker]) -> None:
+    import torch.distributed.rpc as rpc
+
+    agent = rpc.api._get_current_rpc_agent()
+    deadline = time.monotonic() + START_TIMEOUT
+    waiting = {w.name: w for w in started}
+    while waiting:
+        joined = {w.name for w in agent.get_worker_infos()}
+        for wname in list(waiting):
+            w = waiting[wname]
+            if wname in joined:
+                del waiting[wname]
+            elif not w.alive():
+                raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
+                                                            log=w.log_tail()))
+            elif time.monotonic() > deadline:
+                raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=START_TIMEOUT,
+                                                             log=w.log_tail()))
+        if waiting:
+            time.sleep(0.02)
+
+
+def _abort(session: _Session | None, group_dir: Path | None) -> None:
+    """Undo a half-done init: stop what started, leave nothing running."""
+    global _session
+    if session is not None:
+        for w in session.procs.values():
+            w.stop(grace=0.5)
+        _local_shutdown(graceful=False)
+        if session.runner is not None:
+            session.runner.stop()
+    _session = None
+    if group_dir is not None:
+        shutil.rmtree(group_dir, ignore_errors=True)
+
+
+def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
+         timeout: float | None = None) -> Group:
+    """Join the group at ``address`` as ``name``; remote cells run in this namespace."""
+    if _session is not None:
+        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_session.name))
+    _check_name(name)
+    init_method = address if address.startswith("file://") else f"file://{address}"
+    store = _open_store(init_method)
+    try:
+        leader = store.get("rpcnb/leader").decode()
+    except Exception as exc:
+        raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=address)) from exc
+    _claim_name(store, name)
+    rank = int(store.add("rpcnb/next_rank", 1))
+    opts = validate_options(threads, timeout if timeout is not None else DEFAULT_RPC_TIMEOUT)
+    runner = _kernel_runner(name)
+    try:
+        session = start_member(name, rank, init_method, opts, leader=leader, runner=runner)
+    except BaseException:
+        runner.stop()
+        raise
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import worker
+
+    worker._leave_hook = lambda: leave_group()
+    info = worker._describe_self()
+    rpc.rpc_sync(leader, _register, args=(name, rank, info), timeout=10)
+    session.members[name] = Member(name, rank, info["host"], info["pid"], "kernel",
+                                   info["devices"])
+    return group()
+
+
+def _register(name: str, rank: int, info: dict[str, Any]) -> None:
+    """On the leader: a kernel joined; watch its pid if it runs on this host."""
+    s = _session
+    if s is None:
+        return
+    with s.lock:
+        s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
+                                 info["devices"])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch(s: _Session) -> None:
+    """On the leader: notice dead members within a fraction of a second, and clean up."""
+    host = socket.gethostname()
+    while not s.closing:
+        time.sleep(0.2)
+        with s.lock:
+            candidates = []
+            for w in s.procs.values():
+                if not w.left and w.name not in s.dead and not w.alive():
+                    candidates.append((w.name, w.how_died()))
+            for m in s.members.values():
+                if (m.kind == "kernel" and m.name != s.name and m.alive and m.host == host
+                        and m.pid and m.name not in s.dead and not _pid_alive(m.pid)):
+                    candidates.append((m.name, "its kernel process is gone"))
+        for name, how in candidates:
+            if s.closing:
+                return
+            _mark_dead(s, name, how)
+            try:
+                _forget_member(name)
+            except Exception as exc:  # keep watching; report in the log
+                print(f"rpcnb: could not remove {name} from the group: {exc}", file=sys.__stderr__)
+            _broadcast_death(s, name, how)
+
+
+def _mark_dead(s: _Session, name: str, how: str) -> None:
+    with s.lock:
+        s.dead[name] = how
+        if name in s.members:
+            s.members[name].alive = False
+            s.members[name].how = how
+        for call in s.calls.values():
+            if call.worker == name:
+                call.inbox.put(("__dead__", name, -1, []))
+
+
+def _member_died(name: str, how: str) -> None:
+    """On any member: the leader says ``name`` died."""
+    s = _session
+    if s is not None:
+        _mark_dead(s, name, how)
+
+
+def _broadcast_death(s: _Session, name: str, how: str) -> None:
+    import torch.distributed.rpc as rpc
+
+    for other in s.live_names():
+        if other not in (s.name, name):
+            try:
+                rpc.rpc_async(other, _member_died, args=(name, how), timeout=5)
+            except Exception:
+                pass
+
+
+def _forget_member(name: str) -> None:
+    """Remove a dead member from torch's dynamic group, as a graceful leave would have.
+
+    Takes the group token (stealing it if the dead member held it, which happens when it
+    died while joining), drops the member from the store's list and from every live
+    agent, then releases the token and wakes whoever waited for the dead one's token.
+    """
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc._utils import _update_group_membership
+
+    agent = rpc.api._get_current_rpc_agent()
+    store = agent.store
+    try:
+        info = agent.get_worker_info(name)
+    except Exception:
+        return  # it never joined, or is already gone
+    mine = f"Token_for_rpcnb_forget_{name}_{uuid.uuid4().hex[:8]}"
+    stolen = ""
+    deadline = time.monotonic() + 30
+    while True:
+        cur = store.compare_set(_TOKEN_KEY, "", mine).decode()
+        if cur == mine:
+            break
+        if cur.startswith(f"Token_for_{name}_"):
+            if store.compare_set(_TOKEN_KEY, cur, mine).decode() == mine:
+                stolen = cur
+                break
+        if time.monotonic() > deadline:
+            raise RpcnbError(f"the group token stays held by {cur!r}")
+        time.sleep(0.05)
+    try:
+        entries = store.get("names/_ALL_WORKER_INFOS").decode().split(",")
+        keep = [e for e in entries if e and e != f"{name}-{info.id}"]
+        store.set("names/_ALL_WORKER_INFOS", "".join(e + "," for e in keep))
+        for w in agent.get_worker_infos():
+            if w.name == name:
+                continue
+            if w.name == agent.get_worker_info().name:
+                agent._update_group_membership(info, [], {}, False)
+            else:
+                try:
+                    rpc.rpc_sync(w.name, _update_group_membership,
+                                 args=(info, [], {}, False), timeout=5)
+                except Exception:
+                    pass
+    finally:
+        store.set(_TOKEN_KEY, "")
+        store.set(mine, "Done")
+        if stolen:
+            store.set(stolen, "Done")
+
+
+# --------------------------------------------------------------------------- running cells
+
+
+def resolve(target: str | Iterable[str] | None) -> tuple[list[str], bool]:
+    """Worker names for ``target`` ('w1', 'w1,w2', a list, or rpcnb.ALL); and whether the
+    result is a dict (several targets named)."""
+    s = _require()
+    live = s.live_names()
+    if target is None or target == ALL:
+        names = [n for n in live if n != s.name]
+        if not names:
+            raise RpcnbError(errors.NO_WORKERS)
+        return names, True
+    if isinstance(target, str):
+        parts = [p.strip() for p in target.split(",")]
+        many = "," in target
+    else:
+        parts = [str(p).strip() for p in target]
+        many = True
+    names = []
+    for p in parts:
+        if not p:
+            continue
+        if p in s.dead:
+            raise WorkerDiedError(_death_message(s, p), p)
+        if p not in live:
+            raise RpcnbError(errors.UNKNOWN_WORKER.format(name=p, known=", ".join(live)))
+        if p not in names:
+            names.append(p)
+    if not names:
+        raise RpcnbError(errors.UNKNOWN_WORKER.format(name=str(target), known=", ".join(live)))
+    return names, many
+
+
+def _death_message(s: _Session, name: str) -> str:
+    how = s.dead.get(name, "")
+    if how == "left":
+        return errors.WORKER_LEFT.format(name=name)
+    msg = errors.WORKER_DIED.format(name=name, how=how or "unknown cause")
+    proc = s.procs.get(name)
+    if proc is not None:
+        msg += f"\nIts log ends with:\n{proc.log_tail(8)}"
+    return msg
+
+
+def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
+        push: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+    """Run ``source`` on the target worker(s) as a cell and wait for it.
+
+    Output streams into this process's stdout/stderr/display while the cell runs. Returns
+    an RRef to the last expression's value (None if there is none), the value itself with
+    ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are named.
+    Raises RemoteError (with ``.worker``) for an exception on the worker.
+    """
+    s = _require()
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(errors.EMPTY_CELL.format(target=target or "the workers"))
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
+    names, many = resolve(target)
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import worker
+
+    inbox: queue.Queue[tuple[str, str, int, list[Any]]] = queue.Queue()
+    calls: dict[str, _Call] = {}
+    start = telemetry.now()
+    t0 = time.perf_counter()
+    try:
+        for name in names:
+            call = _Call(uuid.uuid4().hex, name, inbox)
+            with s.lock:
+                s.calls[call.call_id] = call
+            calls[call.call_id] = call
+            call.future = rpc.rpc_async(
+                name, worker._run_cell,
+                args=(call.call_id, s.name, source, fetch, dict(push or {})), timeout=0,
+            )
+            call.future.add_done_callback(
+                lambda _f, cid=call.call_id: inbox.put(("__done__", cid, -1, [])))
+        _wait(s, calls, inbox, timeout, prefix=many)
+    finally:
+        with s.lock:
+            for cid in calls:
+                s.calls.pop(cid, None)
+    elapsed = time.perf_counter() - t0
+    for call in calls.values():
+        telemetry.record(call.worker, "cell", start, elapsed, ok=call.error is None)
+    failures = {c.worker: c.error for c in calls.values() if c.error is not None}
+    if failures:
+        remote = {w: e for w, e in failures.items() if isinstance(e, RemoteError)}
+        other = [e for e in failures.values() if not isinstance(e, RemoteError)]
+        if other:
+            raise other[0]
+        if len(remote) == 1:
+            raise next(iter(remote.values()))
+        raise errors.CompositeRemoteError(remote)
+    results = {c.worker: c.result for c in calls.values()}
+    return results if many else results[names[0]]
+
+
+class _Printer:
+    """Writes worker output into this process's cell, prefixed per line when several run."""
+
+    def __init__(self, prefix: bool) -> None:
+        self.prefix = prefix
+        self.partial: dict[tuple[str, str], str] = {}
+
+    def stream(self, worker: str, name: str, text: str) -> None:
+        out = sys.stdout if name == "stdout" else sys.stderr
+        if not self.prefix:
+            out.write(text)
+            return
+        key = (worker, name)
+        buf = self.partial.get(key, "") + text
+        *lines, rest = buf.split("\n")
+        self.partial[key] = rest
+        if lines:
+            out.write("".join(f"[{worker}] {line}\n" for line in lines))
+
+    def display(self, kind: str, payload: dict[str, Any]) -> None:
+        try:
+            from IPython.display import clear_output, publish_display_data
+        except ImportError:  # pragma: no cover
+            return
+        if _shell() is None:
+            if kind == "display":
+                print(payload["data"].get("text/plain", ""))
+            return
+        if kind == "clear":
+            clear_output(wait=payload.get("wait", False))
+        else:
+            publish_display_data(payload["data"], payload.get("metadata") or None,
+                                 transient=payload.get("transient") or None,
+                                 update=payload.get("update", False))
+
+    def finish(self) -> None:
+        for (worker, name), rest in self.partial.items():
+            if rest:
+                out = sys.stdout if name == "stdout" else sys.stderr
+                out.write(f"[{worker}] {rest}\n")
+        self.partial.clear()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+
+def _deliver(call_id: str | None, worker: str, seq: int, items: list[Any]) -> None:
+    """RPC target on the caller: a batch of a remote cell's output."""
+    s = _session
+    if s is None:
+        return
+    if call_id is None:  # output of a worker outside any cell: show it where we are
+        printer = _Printer(prefix=True)
+        for kind, payload in items:
+            if kind in ("stdout", "stderr"):
+                printer.stream(worker, kind, payload)
+        printer.finish()
+        return
+    with s.lock:
+        call = s.calls.get(call_id)
+    if call is not None:
+        call.inbox.put((call_id, worker, seq, items))
+
+
+def _wait(s: _Session, calls: dict[str, _Call], inbox: queue.Queue[Any],
+          timeout: float | None, prefix: bool) -> None:
+    printer = _Printer(prefix)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interrupted_at: float | None = None
+    reason: BaseException | None = None
+
+    def render(msg: tuple[str, str, int, list[Any]]) -> None:
+        cid, wname, seq, items = msg
+        if cid in ("__dead__", "__done__"):
+            return
+        call = calls.get(cid)
+        if call is None:
+            return
+        call.held[seq] = items
+        while call.next_seq in call.held:
+            for kind, payload in call.held.pop(call.next_seq):
+                if kind in ("stdout", "stderr"):
+                    printer.stream(wname, kind, payload)
+                else:
+                    printer.display(kind, payload)
+            call.next_seq += 1
+
+    def drain() -> None:
+        while True:
+            try:
+                render(inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def interrupt_all() -> None:
+        import torch.distributed.rpc as rpc
+
+        from rpcnb import worker
+
+        for c in calls.values():
+            if not c.done and c.worker not in s.dead:
+                try:
+                    rpc.rpc_async(c.worker, worker._interrupt, args=(c.call_id,), timeout=5)
+                except Exception:
+                    pass
+
+    try:
+        while True:
+            try:
+                try:
+                    render(inbox.get(timeout=0.05))
+                except queue.Empty:
+                    pass
+                for call in calls.values():
+                    if not call.done:
+                        _check_call(s, call)
+                if all(c.done for c in calls.values()):
+                    drain()
+                    break
+                now = time.monotonic()
+                if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
+                    break
+                if deadline is not None and now > deadline and interrupted_at is None:
+                    reason = TimeoutError()
+                    interrupted_at = now
+                    interrupt_all()
+            except KeyboardInterrupt:
+                if interrupted_at is not None:
+                    raise
+                reason = KeyboardInterrupt()
+                interrupted_at = time.monotonic()
+                interrupt_all()
+    finally:
+        printer.finish()
+    if isinstance(reason, KeyboardInterrupt):
+        raise KeyboardInterrupt
+    if isinstance(reason, TimeoutError):
+        late = [c.worker for c in calls.values()
+                if not c.done or (c.error is not None and isinstance(c.error, RemoteError)
+                                  and c.error.ename == "KeyboardInterrupt")]
+        if late:
+            raise TimeoutError(errors.CALL_TIMEOUT.format(name=", ".join(late),
+                                                          timeout=timeout))
+
+
+def _check_call(s: _Session, call: _Call) -> None:
+    """Finish ``call`` if its future is done or its worker is known dead."""
+    fut = call.future
+    if fut.done():
+        call.done = True
+        try:
+            res = fut.wait()
+        except Exception as exc:
+            call.error = _call_failure(s, call.worker, exc)
+            return
+        _drain_until(call, res.outputs)
+        if res.ok:
+            call.result = res.value if res.has_value and res.rref is None else res.rref
+        else:
+            call.error = RemoteError(res.worker, res.ename, res.evalue, res.traceback)
+        return
+    if call.worker in s.dead:
+        call.done = True
+        call.error = WorkerDiedError(_death_message(s, call.worker), call.worker)
+
+
+def _drain_until(call: _Call, count: int) -> None:
+    # Output batches were delivered before the result was sent; they are in the inbox.
+    deadline = time.monotonic() + 2
+    while call.next_seq + len(call.held) < count and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _call_failure(s: _Session, worker: str, exc: BaseException) -> BaseException:
+    """Turn a transport error into 'worker X died (how)' when that is what happened."""
+    proc = s.procs.get(worker)
+    if proc is not None:
+        deadline = time.monotonic() + 2
+        while proc.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not proc.alive() and not proc.left:
+            s.dead.setdefault(worker, proc.how_died())
+    if worker in s.dead:
+        return WorkerDiedError(_death_message(s, worker), worker)
+    return WorkerDiedError(f"The call to {worker!r} failed: {exc}", worker)
+
+
+def interrupt(worker: str) -> None:
+    """Interrupt whatever remote cell ``worker`` is running for this process."""
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import worker as w
+
+    s = _require()
+    with s.lock:
+        ids = [c.call_id for c in s.calls.values() if c.worker == worker]
+    for cid in ids:
+        rpc.rpc_sync(worker, w._interrupt, args=(cid,), timeout=5)
+
+
+# --------------------------------------------------------------------------- group view
+
+
+def group(refresh: bool = True) -> Group:
+    """The group now: every member with host, pid, devices, liveness, calls and latency."""
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import worker
+
+    s = _require()
+    agent = rpc.api._get_current_rpc_agent()
+    infos = {w.name: w.id for w in agent.get_worker_infos()}
+    futs = {}
+    if refresh:
+        for name in infos:
+            if name != s.name and name not in s.dead:
+                try:
+                    futs[name] = (time.perf_counter(),
+                                  rpc.rpc_async(name, worker._describe_self, timeout=5))
+                except Exception:
+                    pass
+    for name, (t0, fut) in futs.items():
+        try:
+            info = fut.wait()
+        except Exception as exc:
+            with s.lock:
+                m = s.members.setdefault(name, Member(name, infos[name]))
+                m.alive, m.how = False, f"not answering ({exc})"
+            continue
+        telemetry.record(name, "describe", telemetry.now(), time.perf_counter() - t0)
+        with s.lock:
+            m = s.members.setdefault(name, Member(name, infos[name]))
+            m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
+    rows = []
+    with s.lock:
+        if s.name not in s.members:
+            s.members[s.name] = Member(s.name, s.rank, socket.gethostname(), os.getpid(),
+                                       "kernel", _devices())
+        names = set(infos) | set(s.dead)
+        for name in names:
+            m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
+            if name in s.dead:
+                m.alive, m.how = False, s.dead[name]
+            stats = telemetry.summary(name)
+            m.calls, m.recent_ms = stats["calls"], stats["recent_ms"]
+            rows.append(m)
+    rows.sort(key=lambda m: m.rank)
+    return Group(s.name, s.leader, s.init_method, rows)
+
+
+# --------------------------------------------------------------------------- leaving
+
+
+def _local_shutdown(graceful: bool, timeout: float = 10.0) -> bool:
+    """rpc.shutdown() bounded in time; True if it finished."""
+    import torch.distributed.rpc as rpc
+
+    box: dict[str, BaseException] = {}
+
+    def target() -> None:
+        try:
+            rpc.shutdown(graceful=graceful, timeout=timeout)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name="rpcnb-shutdown", daemon=True)
+    t.start()
+    t.join(timeout + 5)
+    return not t.is_alive()
+
+
+def leave_group(timeout: float = 10.0) -> None:
+    """This member leaves the group (the leader uses ``shutdown`` instead)."""
+    global _session
+    s = _session
+    if s is None:
+        return
+    s.closing = True
+    _local_shutdown(graceful=True, timeout=timeout)
+    if s.runner is not None and not getattr(s.runner, "_on_main", False):
+        s.runner.stop()
+    _session = None
+
+
+def shutdown(timeout: float = 10.0) -> None:
+    """Leave the group. On the first kernel: every worker leaves first, then this one.
+
+    Bounded: a worker that has not left after ``timeout`` seconds is killed (a process
+    this kernel started) or dropped from the group (a joined kernel). No worker process
+    is left behind, and ``init`` works again afterwards.
+    """
+    global _session
+    s = _require()
+    if not s.is_leader:
+        leave_group(timeout)
+        return
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import worker
+
+    s.closing = True
+    if s.watcher is not None:
+        s.watcher.join(1)
+    others = [n for n in s.live_names() if n != s.name]
+    for name in others:
+        if name in s.procs:
+            s.procs[name].left = True
+        try:
+            rpc.rpc_async(name, worker._leave, timeout=5)
+        except Exception:
+            pass
+    deadline = time.monotonic() + timeout
+    agent = rpc.api._get_current_rpc_agent()
+    while time.monotonic() < deadline:
+        remaining = {w.name for w in agent.get_worker_infos()} - {s.name} - set(s.dead)
+        if not remaining:
+            break
+        time.sleep(0.05)
+    launch.wait_exit(list(s.procs.values()), max(0.5, deadline - time.monotonic()))
+    for w in s.procs.values():
+        if w.alive():
+            w.stop(grace=1.0)
+    still = {w.name for w in agent.get_worker_infos()} - {s.name}
+    for name in still:
+        try:
+            _forget_member(name)
+        except Exception:
+            pass
+    _local_shutdown(graceful=True, timeout=5.0)
+    if s.runner is not None:
+        s.runner.stop()
+    _session = None
+    if s.group_dir is not None:
+        shutil.rmtree(s.group_dir, ignore_errors=True)
