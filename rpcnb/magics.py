@@ -140,15 +140,9 @@ class RpcMagics(Magics):
         target = session.ALL if args.all else args.target
         try:
             result = session.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
-        except errors.WorkerDiedError:
-            raise
-        except errors.RemoteError:
-            raise
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        except errors.RpcnbError as exc:
-            if session.is_initialized():
-                raise
+        except (errors.WorkerDiedError, errors.RemoteError):
+            raise  # they show the worker and what happened there
+        except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         if args.output:
             self.shell.user_ns[args.output] = result

@@ -466,7 +466,7 @@ def _broadcast_death(s: _Session, name: str, how: str) -> None:
                 pass
 
 
-def _forget_member(name: str) -> None:
+def _forget_member(name: str, steal_any: bool = False) -> None:
     """Remove a dead member from torch's dynamic group, as a graceful leave would have.
 
     Takes the group token (stealing it if the dead member held it, which happens when it
@@ -484,12 +484,12 @@ def _forget_member(name: str) -> None:
         return  # it never joined, or is already gone
     mine = f"Token_for_rpcnb_forget_{name}_{uuid.uuid4().hex[:8]}"
     stolen = ""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 10
     while True:
         cur = store.compare_set(_TOKEN_KEY, "", mine).decode()
         if cur == mine:
             break
-        if cur.startswith(f"Token_for_{name}_"):
+        if cur.startswith(f"Token_for_{name}_") or steal_any:
             if store.compare_set(_TOKEN_KEY, cur, mine).decode() == mine:
                 stolen = cur
                 break
@@ -797,12 +797,11 @@ def _drain_until(call: _Call, count: int) -> None:
 def _call_failure(s: _Session, worker: str, exc: BaseException) -> BaseException:
     """Turn a transport error into 'worker X died (how)' when that is what happened."""
     proc = s.procs.get(worker)
-    if proc is not None:
-        deadline = time.monotonic() + 2
-        while proc.alive() and time.monotonic() < deadline:
+    if proc is not None and not proc.left:
+        # The watcher notices the exit within a fraction of a second, and cleans up.
+        deadline = time.monotonic() + 3
+        while worker not in s.dead and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not proc.alive() and not proc.left:
-            s.dead.setdefault(worker, proc.how_died())
     if worker in s.dead:
         return WorkerDiedError(_death_message(s, worker), worker)
     return WorkerDiedError(f"The call to {worker!r} failed: {exc}", worker)
@@ -946,7 +945,8 @@ def shutdown(timeout: float = 10.0) -> None:
     still = {w.name for w in agent.get_worker_infos()} - {s.name}
     for name in still:
         try:
-            _forget_member(name)
+            # whoever holds the group token now is gone or stuck: take it
+            _forget_member(name, steal_any=True)
         except Exception:
             pass
     _local_shutdown(graceful=True, timeout=5.0)

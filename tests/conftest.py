@@ -1,0 +1,189 @@
+"""Fixtures that start real things: IPython kernels (jupyter_client) and, through them,
+real rpcnb worker processes. Every process a test starts is stopped by pid at the end,
+also when the test fails."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+import pytest
+from jupyter_client import KernelManager
+
+
+def children_of(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc), including those in their own session."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Output:
+    """What one executed cell showed, in order, with arrival times."""
+
+    stdout: str = ""
+    stderr: str = ""
+    results: list[dict[str, Any]] = field(default_factory=list)  # execute_result data
+    displays: list[dict[str, Any]] = field(default_factory=list)  # display_data messages
+    error: dict[str, Any] | None = None
+    events: list[tuple[float, str, Any]] = field(default_factory=list)
+    started: float = 0.0
+    finished: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return "".join(r.get("text/plain", "") for r in self.results)
+
+    @property
+    def traceback(self) -> str:
+        # IPython prints a UsageError to stderr instead of sending an error message
+        text = "\n".join(self.error["traceback"]) if self.error else self.stderr
+        return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class Kernel:
+    """A real IPython kernel, driven as a notebook front end would drive it."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env.pop("TORCH_CPP_LOG_LEVEL", None)  # rpcnb must set it itself
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env, cwd=str(Path(__file__).parent))
+        self.kc = self.km.blocking_client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
+        self.known: set[int] = {self.pid}
+
+    def execute(self, code: str, timeout: float = 120, allow_error: bool = False,
+                interrupt_after: float | None = None) -> Output:
+        out = Output(started=time.monotonic())
+        msg_id = self.kc.execute(code)
+        deadline = time.monotonic() + timeout
+        interrupted = False
+        while True:
+            self.known.update(children_of(self.pid))
+            if interrupt_after is not None and not interrupted and \
+                    time.monotonic() - out.started > interrupt_after:
+                self.km.interrupt_kernel()
+                interrupted = True
+                out.events.append((time.monotonic(), "interrupt", None))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell did not finish in {timeout} s: {code[:80]!r}\n{out}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.1)
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            now = time.monotonic()
+            if kind == "stream":
+                setattr(out, content["name"], getattr(out, content["name"]) + content["text"])
+                out.events.append((now, content["name"], content["text"]))
+            elif kind == "execute_result":
+                out.results.append(content["data"])
+                out.events.append((now, kind, content["data"]))
+            elif kind in ("display_data", "update_display_data"):
+                out.displays.append(content)
+                out.events.append((now, kind, content))
+            elif kind == "error":
+                out.error = content
+                out.events.append((now, kind, content))
+            elif kind == "status" and content["execution_state"] == "idle":
+                out.finished = now
+                break
+        if (out.error or "UsageError" in out.stderr) and not allow_error:
+            raise AssertionError("cell failed:\n" + out.traceback)
+        return out
+
+    def value(self, expr: str) -> Any:
+        """Evaluate ``expr`` in the kernel and return it (via repr + literal_eval)."""
+        import ast
+
+        out = self.execute(f"print(repr({expr}))")
+        return ast.literal_eval(out.stdout.strip())
+
+    def close(self) -> None:
+        self.known.update(children_of(self.pid))
+        try:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=True)
+        except Exception:
+            pass
+        kill_all(sorted(self.known))
+
+
+@pytest.fixture
+def kernel_factory():
+    started: list[Kernel] = []
+
+    def make() -> Kernel:
+        k = Kernel()
+        started.append(k)
+        return k
+
+    yield make
+    for k in started:
+        k.close()
+    time.sleep(0.1)
+    alive = [p for k in started for p in k.known if pid_alive(p)]
+    assert not alive, f"processes left running: {alive}"
+
+
+@pytest.fixture
+def kernel(kernel_factory) -> Kernel:
+    return kernel_factory()
+
+
+@pytest.fixture
+def group(kernel) -> Kernel:
+    """A kernel that is worker0 of a group with worker1 and worker2."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2")
+    return kernel
+
+
+def worker_pids(k: Kernel) -> dict[str, int]:
+    return k.value("{m.name: m.pid for m in __import__('rpcnb').group().members}")
+
+
+PYTHON = sys.executable

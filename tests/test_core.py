@@ -1,0 +1,327 @@
+"""The core surface in real kernels: %rpc_init, %%remote, %rpc_workers, %rpc_shutdown.
+
+Each test drives a real IPython kernel through jupyter_client, as a notebook would; the
+kernel starts real worker processes that talk torch RPC over loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import pid_alive, worker_pids
+
+SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "000_00ff677fa0ebadd3.txt"
+
+
+def test_load_ext_is_light_and_quiet(kernel):
+    out = kernel.execute(
+        "%load_ext rpcnb\nimport sys, os\n"
+        "print('torch' in sys.modules, os.environ.get('TORCH_CPP_LOG_LEVEL'))"
+    )
+    assert out.stdout.split() == ["False", "ERROR"]
+
+
+def test_init_prints_group_and_join_line(kernel):
+    kernel.execute("%load_ext rpcnb")
+    out = kernel.execute("%rpc_init --workers 2")
+    lines = out.stdout.splitlines()
+    table = "\n".join(lines)
+    for name in ("worker0", "worker1", "worker2"):
+        assert name in table
+    join = [ln.strip() for ln in lines if ln.strip().startswith("%rpc_init --join")]
+    assert join and join[0].endswith("--name NAME")
+    assert "file://" in join[0]
+    pids = worker_pids(kernel)
+    assert pids["worker0"] == kernel.pid
+    assert all(pid_alive(pids[n]) for n in ("worker1", "worker2"))
+    assert str(pids["worker1"]) in table and str(pids["worker2"]) in table
+    assert out.stderr == ""
+
+
+def test_remote_cell_keeps_result_remote(group):
+    out = group.execute(
+        "%%remote worker1\nimport torch\nx = torch.arange(6.).reshape(2, 3)\n"
+        "print('on', x.device)\nx * 2"
+    )
+    assert out.stdout == "on cpu\n"
+    text = out.text
+    assert text.startswith("RRef on worker1: torch.Tensor shape=(2, 3) float32 cpu 24 B")
+    assert "10." in text  # the preview
+    assert "shape" in out.results[0]["text/html"]
+    fetched = group.execute("%%remote worker1 --fetch\nx.sum()")
+    assert fetched.text == "tensor(15.)"
+    # the value lives on worker1, not in the notebook
+    assert group.value("'x' in globals()") is False
+
+
+def test_namespace_persists_push_and_bind(group):
+    group.execute("%%remote worker2\ncounter = 10")
+    group.execute("%%remote worker2\ncounter += 5")
+    group.execute("scale = 3")
+    group.execute("%%remote worker2 --push scale -o r\ncounter * scale")
+    assert group.value("r.to_here()") == 45
+    assert group.value("type(r).__name__") in ("PyRRef", "RRef")
+    line = group.execute("%remote worker2 counter + 1")
+    assert line.text.startswith("RRef on worker2: int")
+    assert group.execute("%remote --fetch worker2 counter - 1").text == "14"
+    assert group.execute("%remote --all --fetch 2 * 21").text == "{'worker1': 42, 'worker2': 42}"
+
+
+def test_output_streams_while_the_cell_runs(group):
+    out = group.execute(
+        "%%remote worker1\nimport sys, time\nprint('first', flush=True)\n"
+        "print('to stderr', file=sys.stderr)\ntime.sleep(2)\nprint('second')"
+    )
+    first = next(t for t, kind, text in out.events if kind == "stdout" and "first" in text)
+    assert out.finished - first > 1.5, "output arrived only at the end of the cell"
+    assert out.stdout == "first\nsecond\n"
+    assert out.stderr == "to stderr\n"
+
+
+def test_display_output_reaches_the_cell(group):
+    out = group.execute(
+        "%%remote worker1\nfrom IPython.display import display, HTML\n"
+        "display(HTML('<b>from worker1</b>'))\nprint('after')"
+    )
+    assert any("<b>from worker1</b>" in d["data"].get("text/html", "") for d in out.displays)
+    assert out.stdout == "after\n"
+
+
+def test_several_workers_run_in_parallel_with_prefixes(group):
+    out = group.execute(
+        "%%remote --all\nimport time, os\nprint('start')\ntime.sleep(1.5)\nprint('end')\nos.getpid()"
+    )
+    assert out.finished - out.started < 2.6, "workers ran one after another"
+    lines = sorted(out.stdout.splitlines())
+    assert lines == ["[worker1] end", "[worker1] start", "[worker2] end", "[worker2] start"]
+    assert "'worker1': RRef on worker1: int" in out.text
+    both = group.execute("%%remote worker1,worker2 --fetch\nimport os\nos.getpid()")
+    pids = worker_pids(group)
+    assert both.text == repr({"worker1": pids["worker1"], "worker2": pids["worker2"]})
+
+
+def test_notebook_code_works_as_rpc_targets(group):
+    group.execute(
+        "import torch, torch.distributed.rpc as rpc\n"
+        "def helper():\n    return 'notebook'\n"
+        "def add(a, b):\n    return a + b\n"
+        "class Counter:\n    def __init__(self, start):\n        self.n = start\n"
+        "    def bump(self, k):\n        self.n += k\n        return self.n\n"
+    )
+    # the worker has its own function of the same name: the notebook's must run
+    group.execute("%%remote worker1\ndef helper():\n    return 'worker'")
+    assert group.value("rpc.rpc_sync('worker1', helper)") == "notebook"
+    assert group.value("rpc.rpc_sync('worker1', add, args=(torch.ones(2), 1)).tolist()") == [2.0, 2.0]
+    assert group.value("rpc.rpc_sync('worker2', lambda v: v * 7, args=(6,))") == 42
+    group.execute("c = rpc.remote('worker2', Counter, args=(5,))")
+    assert group.value("c.rpc_sync().bump(3)") == 8
+    assert group.value("c.owner().name") == "worker2"
+    # rpcnb's own cells can use notebook functions pushed by value
+    assert group.execute("%%remote worker2 --push add --fetch\nadd(20, 22)").text == "42"
+
+
+def test_seed_recipe_cpu_mode_with_distributed_autograd(group):
+    src = SEED.read_text()
+    start = src.index("class MyModule")
+    end = src.index("def run_worker")
+    recipe = src[start:end]
+    # CPU devices instead of cuda:0 / cuda:1, as on a machine without GPUs
+    recipe = recipe.replace('torch.cuda.current_stream("cuda:0").synchronize()', "pass")
+    recipe = recipe.replace('"cuda:0"', '"cpu"').replace('"cuda:1"', '"cpu"')
+    recipe = recipe.replace(".cuda(0)", "")
+    group.execute(
+        "import torch\nimport torch.distributed.autograd as autograd\n"
+        "import torch.distributed.rpc as rpc\nimport torch.nn as nn\nimport time\n" + recipe
+    )
+    out = group.execute('measure(comm_mode="cpu")')
+    assert "cpu RPC" in out.stdout
+    # the gradients of both shards exist after a distributed backward
+    check = group.execute(
+        "lm = MyModule('cpu', 'cpu')\nrm = rpc.remote('worker1', MyModule, args=('cpu', 'cpu'))\n"
+        "x = torch.randn(8, 1000)\n"
+        "with autograd.context() as ctx:\n"
+        "    y = rm.rpc_sync().forward(lm(x))\n"
+        "    autograd.backward(ctx, [y.sum()])\n"
+        "    grads = autograd.get_gradients(ctx)\n"
+        "print(len(grads), all(p in grads for p in lm.parameters()))"
+    )
+    assert check.stdout.split() == ["2", "True"]
+
+
+def test_remote_error_names_worker_and_cell_line(group):
+    group.execute("%%remote worker1\nkept = 'still here'")
+    out = group.execute("%%remote worker1\na = 1\nb = 2\nb / (a - 1)", allow_error=True)
+    assert out.error["ename"] == "RemoteError"
+    tb = out.traceback
+    assert "ZeroDivisionError on worker1" in tb
+    assert 'File "<worker1 cell 2>", line 3' in tb
+    assert "b / (a - 1)" in tb
+    assert "rpcnb" not in tb.split("\n", 1)[1]  # no rpcnb internals in the remote part
+    assert group.execute("%%remote worker1 --fetch\nkept").text == "'still here'"
+    # the API raises RemoteError with .worker
+    api = group.execute(
+        "import rpcnb\ntry:\n    rpcnb.run('worker2', 'undefined_name')\n"
+        "except rpcnb.RemoteError as e:\n    print(e.worker, e.ename)"
+    )
+    assert api.stdout.split() == ["worker2", "NameError"]
+    syntax = group.execute("%%remote worker1\nx = 1\nif x\n    pass", allow_error=True)
+    assert "SyntaxError" in syntax.traceback and "line 2" in syntax.traceback
+
+
+def test_interrupt_stops_remote_code_and_keeps_worker(group):
+    group.execute("%%remote worker1\nsafe = [1, 2, 3]")
+    out = group.execute(
+        "%%remote worker1\nimport time\nwhile True:\n    time.sleep(0.01)",
+        allow_error=True, interrupt_after=1.0, timeout=30,
+    )
+    at = next(t for t, kind, _ in out.events if kind == "interrupt")
+    assert out.error is not None and "KeyboardInterrupt" in out.error["ename"]
+    assert out.finished - at < 2.0
+    # a single long sleep in C is interrupted too
+    out = group.execute("%%remote worker1\nimport time\ntime.sleep(60)",
+                        allow_error=True, interrupt_after=1.0, timeout=30)
+    at = next(t for t, kind, _ in out.events if kind == "interrupt")
+    assert out.finished - at < 2.0
+    assert group.execute("%%remote worker1 --fetch\nsum(safe)").text == "6"
+
+
+def test_killed_worker_fails_fast_and_group_survives(group):
+    pids = worker_pids(group)
+    group.kc.execute("%%remote worker1\nimport time\ntime.sleep(30)")  # a pending call
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    os.kill(pids["worker1"], signal.SIGKILL)
+    out = None
+    # the pending cell ends with a clear error
+    while out is None:
+        msg = group.kc.get_iopub_msg(timeout=10)
+        if msg["msg_type"] == "error":
+            out = msg["content"]
+    assert time.monotonic() - killed_at < 5
+    text = "\n".join(out["traceback"])
+    assert "worker1" in text and "SIGKILL" in text
+    group.execute("pass")  # wait for that cell to finish
+    later = group.execute("%%remote worker1\n1", allow_error=True)
+    assert "worker1" in later.traceback and "died" in later.traceback
+    assert group.execute("%%remote worker2 --fetch\n2 + 2").text == "4"
+    table = group.execute("%rpc_workers").text
+    assert "killed by SIGKILL" in table
+    # the dead member no longer poisons the group: shutdown is quick and clean
+    t0 = time.monotonic()
+    group.execute("%rpc_shutdown")
+    assert time.monotonic() - t0 < 10
+    assert not pid_alive(pids["worker2"])
+
+
+def test_shutdown_leaves_nothing_and_init_works_again(group):
+    pids = worker_pids(group)
+    t0 = time.monotonic()
+    out = group.execute("%rpc_shutdown")
+    assert time.monotonic() - t0 < 15
+    assert "left the group" in out.stdout
+    assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
+    assert out.stderr == ""
+    group.execute("%rpc_init --workers 1")
+    assert group.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
+    new = worker_pids(group)
+    assert new["worker1"] != pids["worker1"]
+    group.execute("%rpc_shutdown")
+    assert not pid_alive(new["worker1"])
+
+
+def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(group, kernel_factory):
+    join_line = next(
+        ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
+        if ln.strip().startswith("%rpc_init --join")
+    ).replace("NAME", "alice")
+    other = kernel_factory()
+    other.execute("%load_ext rpcnb")
+    other.execute("secret = 41")
+    joined = other.execute(join_line)
+    assert "alice" in joined.stdout
+    out = group.execute("%%remote alice --fetch\nprint('hello from alice')\nsecret + 1")
+    assert out.text == "42"
+    assert out.stdout == "hello from alice\n"
+    group.execute("%%remote alice\nmade_remotely = 'yes'")
+    assert other.value("made_remotely") == "yes"
+    # and alice can drive the workers too
+    assert other.execute("%%remote worker1 --fetch\n40 + 2").text == "42"
+    taken = kernel_factory()
+    taken.execute("%load_ext rpcnb")
+    dup = taken.execute(join_line, allow_error=True)
+    assert "already taken" in dup.traceback
+    group.execute("%rpc_shutdown")
+    assert other.value("__import__('rpcnb.session').session.is_initialized()") is False
+
+
+def test_rpc_workers_table(group):
+    group.execute("%%remote worker1\n1")
+    text = group.execute("%rpc_workers").text
+    header = text.splitlines()[1].split()
+    assert header[:6] == ["name", "rank", "host", "pid", "kind", "devices"]
+    assert "alive" in header and "calls" in header and "recent" in header
+    rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[2:5]}
+    assert rows["worker1"][1] == "1" and rows["worker2"][1] == "2"
+    assert "process" in rows["worker1"] and "kernel" in rows["worker0"]
+
+
+def test_bad_input_gets_one_clear_sentence(group):
+    cases = {
+        "%%remote worker9\n1": "There is no worker 'worker9'",
+        "%%remote\n1": "Name the worker(s) to run on",
+        "%%remote worker1\n   \n": "The cell is empty",
+        "%%remote worker1 --push nope\n1": "no variable 'nope'",
+        "%remote worker1": "Give the expression to run",
+        "%rpc_init --workers 1": "already in an RPC group",
+        "%rpc_workers extra": "takes no arguments",
+        "%%remote worker1 --timeout -1\n1": "positive number",
+    }
+    for code, sentence in cases.items():
+        out = group.execute(code, allow_error=True)
+        assert out.traceback.startswith("UsageError: "), (code, out.traceback)
+        assert sentence in out.traceback, (code, out.traceback)
+    assert group.execute("%%remote worker1 --fetch\n'still fine'").text == "'still fine'"
+
+
+def test_magics_need_a_group_first(kernel):
+    kernel.execute("%load_ext rpcnb")
+    out = kernel.execute("%%remote worker1\n1", allow_error=True)
+    assert "run %rpc_init" in out.traceback
+    out = kernel.execute("%rpc_shutdown", allow_error=True)
+    assert "run %rpc_init" in out.traceback
+
+
+def test_timeout_interrupts_the_cell(group):
+    out = group.execute("%%remote worker1 --timeout 1\nimport time\ntime.sleep(30)",
+                        allow_error=True, timeout=20)
+    assert "did not finish within 1 s" in out.traceback
+    assert out.finished - out.started < 5
+    assert group.execute("%%remote worker1 --fetch\n'alive'").text == "'alive'"
+
+
+def test_python_api_from_a_script(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "drive.py"
+    script.write_text(
+        "import rpcnb\n"
+        "g = rpcnb.init(2)\n"
+        "print(sorted(m.name for m in g.members))\n"
+        "r = rpcnb.run('worker1', 'import torch\\nt = torch.ones(3)\\nt * 2')\n"
+        "print(r.to_here().tolist())\n"
+        "print(rpcnb.run(rpcnb.ALL, '1 + 1', fetch=True))\n"
+        "rpcnb.shutdown()\n"
+        "print('done')\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "['worker0', 'worker1', 'worker2']", "[2.0, 2.0, 2.0]",
+        "{'worker1': 2, 'worker2': 2}", "done",
+    ]
