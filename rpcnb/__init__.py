@@ -6,7 +6,6 @@ torch is imported when a group starts. The same things are plain functions here.
 
 from __future__ import annotations
 
-
 from typing import TYPE_CHECKING, Any
 
 from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDiedError

@@ -78,7 +78,8 @@ class RemoteError(RpcnbError):
 
     def _render_traceback_(self) -> list[str]:
         head = f"RemoteError: {self.ename} on {self.worker}"
-        return [head, *self.traceback.rstrip("\n").splitlines()]
+        body = self.traceback.rstrip("\n").splitlines() or [f"{self.ename}: {self.evalue}"]
+        return [head, *body]
 
 
 class CompositeRemoteError(RemoteError):

@@ -123,6 +123,10 @@ class RpcMagics(Magics):
             code = cell
         return self._run(args, code)
 
+    def _user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        return self.shell.user_ns
+
     def _run(self, args: Any, code: str) -> Any:
         from rpcnb import session
 
@@ -132,11 +136,12 @@ class RpcMagics(Magics):
             raise UsageError(NO_TARGET)
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(BAD_OUTPUT_NAME.format(name=args.output))
+        user_ns = self._user_ns()
         push = {}
         for name in _csv(args.push) or []:
-            if name not in self.shell.user_ns:
+            if name not in user_ns:
                 raise UsageError(PUSH_MISSING.format(name=name))
-            push[name] = self.shell.user_ns[name]
+            push[name] = user_ns[name]
         target = session.ALL if args.all else args.target
         try:
             result = session.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
@@ -145,7 +150,7 @@ class RpcMagics(Magics):
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         if args.output:
-            self.shell.user_ns[args.output] = result
+            user_ns[args.output] = result
             return None
         return result
 

@@ -20,9 +20,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from rpcnb import errors, launch, telemetry
 from rpcnb.errors import RemoteError, RpcnbError, WorkerDiedError
@@ -81,7 +82,7 @@ class Group:
                 "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",
             ))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
     def __str__(self) -> str:
         return (f"rpcnb group of {sum(m.alive for m in self.members)} "
@@ -317,10 +318,15 @@ def _devices() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
-def _agent_store() -> Any:
+def _agent() -> Any:
+    """The TensorPipe agent (typed Any: its dynamic-group methods have no stubs)."""
     import torch.distributed.rpc as rpc
 
-    return rpc.api._get_current_rpc_agent().store
+    return rpc.api._get_current_rpc_agent()
+
+
+def _agent_store() -> Any:
+    return _agent().store
 
 
 def _wait_joined(session: _Session, started: list[launch.LocalWorker]) -> None:
@@ -476,7 +482,7 @@ def _forget_member(name: str, steal_any: bool = False) -> None:
     import torch.distributed.rpc as rpc
     from torch.distributed.rpc._utils import _update_group_membership
 
-    agent = rpc.api._get_current_rpc_agent()
+    agent = _agent()
     store = agent.store
     try:
         info = agent.get_worker_info(name)
@@ -569,7 +575,8 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
 
     Output streams into this process's stdout/stderr/display while the cell runs. Returns
     an RRef to the last expression's value (None if there is none), the value itself with
-    ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are named.
+    ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are named
+    (None when no worker had a value).
     Raises RemoteError (with ``.worker``) for an exception on the worker.
     """
     s = _require()
@@ -616,7 +623,10 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             raise next(iter(remote.values()))
         raise errors.CompositeRemoteError(remote)
     results = {c.worker: c.result for c in calls.values()}
-    return results if many else results[names[0]]
+    if many:
+        # statements only (no value anywhere): show nothing, as a single cell would
+        return results if any(r is not None for r in results.values()) else None
+    return results[names[0]]
 
 
 class _Printer:

@@ -384,7 +384,9 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
     tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";"):
-        last = ast.Expression(tree.body.pop().value)
+        expr = tree.body.pop()
+        assert isinstance(expr, ast.Expr)
+        last = ast.Expression(expr.value)
     exec(compile(tree, filename, "exec"), ns)
     if last is None:
         return None, False

@@ -11,7 +11,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 from conftest import pid_alive, worker_pids
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "000_00ff677fa0ebadd3.txt"
