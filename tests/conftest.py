@@ -187,3 +187,31 @@ def worker_pids(k: Kernel) -> dict[str, int]:
 
 
 PYTHON = sys.executable
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """The addresses ``pid`` listens on (TCP, v4 and v6), read from /proc."""
+    import ipaddress
+
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, port = local.split(":")
+            raw = bytes.fromhex(hexaddr)
+            # /proc stores each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            addr = ipaddress.ip_address(raw)
+            found.append(f"{addr}:{int(port, 16)}")
+    return found

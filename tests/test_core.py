@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import pid_alive, worker_pids
+from conftest import children_of, kill_all, listening_addresses, pid_alive, worker_pids
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "000_00ff677fa0ebadd3.txt"
 
@@ -39,6 +39,15 @@ def test_init_prints_group_and_join_line(kernel):
     assert all(pid_alive(pids[n]) for n in ("worker1", "worker2"))
     assert str(pids["worker1"]) in table and str(pids["worker2"]) in table
     assert out.stderr == ""
+
+
+def test_group_listens_on_loopback_only(group):
+    # every socket of the kernel (its own ZMQ ports included) and of each worker
+    for name, pid in worker_pids(group).items():
+        addrs = listening_addresses(pid)
+        assert addrs, f"{name} listens nowhere? (TensorPipe should)"
+        for addr in addrs:
+            assert addr.rsplit(":", 1)[0] in ("127.0.0.1", "::1"), f"{name} listens on {addr}"
 
 
 def test_remote_cell_keeps_result_remote(group):
@@ -317,10 +326,21 @@ def test_python_api_from_a_script(tmp_path):
         "rpcnb.shutdown()\n"
         "print('done')\n"
     )
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: set[int] = {proc.pid}
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen.update(children_of(proc.pid))
+            time.sleep(0.1)
+        stdout, stderr = proc.communicate(timeout=5)
+    finally:
+        seen.update(children_of(proc.pid))
+        kill_all(sorted(seen))
+    assert proc.returncode == 0, stderr
+    assert len(seen) >= 3  # the script and its two workers
+    assert stdout.splitlines() == [
         "['worker0', 'worker1', 'worker2']", "[2.0, 2.0, 2.0]",
         "{'worker1': 2, 'worker2': 2}", "done",
     ]
