@@ -344,3 +344,13 @@ def test_python_api_from_a_script(tmp_path):
         "['worker0', 'worker1', 'worker2']", "[2.0, 2.0, 2.0]",
         "{'worker1': 2, 'worker2': 2}", "done",
     ]
+
+
+def test_workers_exit_when_the_kernel_dies(group):
+    pids = worker_pids(group)
+    os.kill(group.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(
+            pid_alive(pids[n]) for n in ("worker1", "worker2")):
+        time.sleep(0.1)
+    assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
