@@ -1,0 +1,39 @@
+# Developer entry points: `make demo` runs the quickstart notebook, `make test` the tests.
+# The virtual environment is built on first use and rebuilt when pyproject.toml changes.
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint clean distclean
+
+# torch is pinned: this exact version installs the CPU build from local wheels; a bare
+# `torch` (or a newer range) would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[test]'
+	touch $@
+
+.venv venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+# pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
+test: $(STAMP)
+	$(BIN)/python -m pytest -x -q tests
+
+# ruff and mypy are not in the test extra; install them on demand.
+lint: $(STAMP)
+	$(BIN)/pip install -q ruff mypy
+	$(BIN)/ruff check rpcnb scripts
+	$(BIN)/mypy rpcnb
+
+clean:
+	rm -rf notebooks/executed build dist .pytest_cache .mypy_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
