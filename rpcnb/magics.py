@@ -80,6 +80,8 @@ class RpcMagics(Magics):
     @argument("--threads", type=int, default=None, help="RPC threads per process (default 16)")
     @argument("--channels", default=None, help="TensorPipe channels to allow, e.g. basic,cma")
     @argument("--transports", default=None, help="TensorPipe transports to allow, e.g. uv,shm")
+    @argument("--no-shm", action="store_true",
+              help="move tensors over TensorPipe only, not rpcnb's shared memory")
     @line_magic
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
@@ -99,11 +101,12 @@ class RpcMagics(Magics):
                     raise UsageError(JOIN_NO_WORKERS)
                 if args.channels or args.transports:
                     raise UsageError("--channels/--transports are set by the group's first kernel.")
-                group = session.join(args.join, args.name, **kwargs)
+                group = session.join(args.join, args.name, shm=not args.no_shm, **kwargs)
             else:
                 group = session.init(args.workers, name=args.name or "worker0",
                                      channels=_csv(args.channels),
-                                     transports=_csv(args.transports), **kwargs)
+                                     transports=_csv(args.transports), shm=not args.no_shm,
+                                     **kwargs)
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         print(group)

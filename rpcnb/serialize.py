@@ -9,6 +9,7 @@ through torch's own tables so device maps and channels still apply.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import io
@@ -38,6 +39,7 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list[Any]]:
     # torch's reducers return classmethods, which cloudpickle would ship by value
     # (with the thread-local tensor tables in their globals); pickle them by name.
     table[types.MethodType] = _reduce_method
+    table[torch.Tensor] = functools.partial(_reduce_tensor, self._tensor_reducer)
     # cloudpickle's own table (code objects, cells, ...) sits under torch's.
     p = _pickler_class()(f, ChainMap(table, cloudpickle.Pickler.dispatch_table))
 
@@ -56,6 +58,17 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list[Any]]:
 
 
 _PICKLER: Any = None
+
+
+def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
+    """Large CPU tensors to a same-host peer take rpcnb's shared-memory path."""
+    from rpcnb import shm
+
+    if shm.wants(tensor):
+        reduced = shm.export(tensor)
+        if reduced is not None:
+            return reduced
+    return fallback(tensor)
 
 
 def _reduce_method(m: types.MethodType) -> tuple[Any, tuple[Any, str]]:

@@ -228,13 +228,23 @@ def start_member(name: str, rank: int, init_method: str, options: dict[str, Any]
     from rpcnb import serialize, worker
 
     serialize.install()
+    from rpcnb import shm
+
     # torch prefixes the store with a per-process init counter; every rpcnb group uses a
     # fresh store, so a kernel re-initialising after shutdown must start from 0 again.
     rpc._init_counter = 0  # type: ignore[attr-defined]
     rpc.init_rpc(name, rank=rank, rpc_backend_options=_rpc_options(options, init_method))
+    if options.get("shm", True):
+        # A file:// rendezvous means every member shares this host's file system.
+        shm.activate(_group_id(init_method))
     _session = _Session(name, rank, leader, init_method, options, group_dir, runner)
     worker._runner = runner
     return _session
+
+
+def _group_id(init_method: str) -> str:
+    """A short id of the group, from its rendezvous directory's name."""
+    return Path(init_method[len("file://"):]).parent.name.removeprefix("rpcnb-")
 
 
 def _kernel_runner(name: str) -> Any:
@@ -264,12 +274,13 @@ def _shell() -> Any:
 
 def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THREADS,
          timeout: float = DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
-         transports: Iterable[str] | None = None) -> Group:
+         transports: Iterable[str] | None = None, shm: bool = True) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. The rendezvous is a file in a private
     temporary directory, so the group is reachable from this host only.
     """
+    launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if _session is not None:
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_session.name))
     _check_name(name)
@@ -279,6 +290,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
     if name in names:
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
     options = validate_options(threads, timeout, channels, transports)
+    options["shm"] = bool(shm)
 
     group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
     init_method = f"file://{group_dir / 'store'}"
@@ -355,9 +367,13 @@ def _abort(session: _Session | None, group_dir: Path | None) -> None:
     """Undo a half-done init: stop what started, leave nothing running."""
     global _session
     if session is not None:
+        from rpcnb import shm
+
         for w in session.procs.values():
             w.stop(grace=0.5)
+            shm.remove_segments_of(w.pid)
         _local_shutdown(graceful=False)
+        shm.deactivate()
         if session.runner is not None:
             session.runner.stop()
     _session = None
@@ -366,8 +382,9 @@ def _abort(session: _Session | None, group_dir: Path | None) -> None:
 
 
 def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
-         timeout: float | None = None) -> Group:
+         timeout: float | None = None, shm: bool = True) -> Group:
     """Join the group at ``address`` as ``name``; remote cells run in this namespace."""
+    launch.apply_quiet_env()
     if _session is not None:
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_session.name))
     _check_name(name)
@@ -380,6 +397,7 @@ def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
     _claim_name(store, name)
     rank = int(store.add("rpcnb/next_rank", 1))
     opts = validate_options(threads, timeout if timeout is not None else DEFAULT_RPC_TIMEOUT)
+    opts["shm"] = shm
     runner = _kernel_runner(name)
     try:
         session = start_member(name, rank, init_method, opts, leader=leader, runner=runner)
@@ -436,6 +454,11 @@ def _watch(s: _Session) -> None:
             if s.closing:
                 return
             _mark_dead(s, name, how)
+            pid = s.members[name].pid if name in s.members else None
+            if pid:
+                from rpcnb import shm
+
+                shm.remove_segments_of(pid)
             try:
                 _forget_member(name)
             except Exception as exc:  # keep watching; report in the log
@@ -909,6 +932,9 @@ def leave_group(timeout: float = 10.0) -> None:
         return
     s.closing = True
     _local_shutdown(graceful=True, timeout=timeout)
+    from rpcnb import shm
+
+    shm.deactivate()
     if s.runner is not None and not getattr(s.runner, "_on_main", False):
         s.runner.stop()
     _session = None
@@ -960,6 +986,11 @@ def shutdown(timeout: float = 10.0) -> None:
         except Exception:
             pass
     _local_shutdown(graceful=True, timeout=5.0)
+    from rpcnb import shm
+
+    shm.deactivate()
+    for w in s.procs.values():  # a worker that was killed could not clean up after itself
+        shm.remove_segments_of(w.pid, _group_id(s.init_method))
     if s.runner is not None:
         s.runner.stop()
     _session = None

@@ -364,8 +364,11 @@ class CellRunner:
         if job.fetch:
             from torch.distributed.rpc.internal import _internal_rpc_pickler
 
+            from rpcnb import shm
+
             try:
-                _internal_rpc_pickler.serialize(value)
+                with shm.suppressed():  # a dry run: no buffer taken
+                    _internal_rpc_pickler.serialize(value)
             except Exception as exc:
                 return CellResult(
                     self.name, False, ename=type(exc).__name__,
@@ -373,7 +376,28 @@ class CellRunner:
                         name=self.name, type=type(value).__name__, reason=exc),
                 )
             return CellResult(self.name, True, value=value, has_value=True)
-        return CellResult(self.name, True, rref=rpc.RRef(value), has_value=True)
+        return CellResult(self.name, True, rref=_make_rref(self.name, value), has_value=True)
+
+
+_parked: dict[str, Any] = {}
+
+
+def _unpark(key: str) -> Any:
+    return _parked.pop(key)
+
+
+def _make_rref(me: str, value: Any) -> Any:
+    """An RRef owned here. A tensor RRef made by rpc.RRef() is fetched by TorchScript's
+    pickler, which rpcnb cannot route; a large CPU tensor is wrapped in a Python-object
+    RRef instead (made by a remote call to ourselves) so that ``to_here()`` takes the
+    shared-memory path."""
+    from rpcnb import shm
+
+    if isinstance(value, torch.Tensor) and shm.wants(value):
+        key = os.urandom(8).hex()
+        _parked[key] = value
+        return rpc.remote(me, _unpark, args=(key,))
+    return rpc.RRef(value)
 
 
 def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
@@ -460,9 +484,14 @@ def _leave() -> bool:
 
 def _watch_parent(parent_pid: int) -> None:
     """A worker process never outlives the kernel that started it."""
+    from rpcnb import shm
+
     while True:
         time.sleep(0.5)
         if os.getppid() != parent_pid:
+            # The kernel died: take its shared memory with ours, nobody else will.
+            shm.deactivate()
+            shm.remove_segments_of(parent_pid)
             os._exit(3)
 
 

@@ -354,3 +354,14 @@ def test_workers_exit_when_the_kernel_dies(group):
             pid_alive(pids[n]) for n in ("worker1", "worker2")):
         time.sleep(0.1)
     assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
+
+
+def test_worker_exiting_inside_a_cell_then_shutdown_and_init(group):
+    out = group.execute("%%remote worker1\nimport os\nos._exit(1)", allow_error=True)
+    assert "worker1" in out.traceback and "exited with code 1" in out.traceback
+    t0 = time.monotonic()
+    group.execute("%rpc_shutdown")
+    assert time.monotonic() - t0 < 10
+    group.execute("%rpc_init --workers 1")
+    assert group.execute("%%remote worker1 --fetch\n'back'").text == "'back'"
+    group.execute("%rpc_shutdown")

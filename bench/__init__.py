@@ -1,0 +1,1 @@
+"""rpcnb's benchmarks: ``python -m bench.run`` (see docs/benchmarks.md)."""

@@ -1,0 +1,497 @@
+"""rpcnb's benchmarks, each comparison side by side in one run; prints a table, writes JSON.
+
+    .venv/bin/python -m bench.run            # full run -> bench/results/latest.json
+    .venv/bin/python -m bench.run --quick    # smoke run, well under a minute
+    .venv/bin/python bench/run.py --out PATH
+
+What runs (docs/benchmarks.md says more):
+
+1. no-op round trip from a notebook kernel: raw ``rpc.rpc_sync``, ``rpcnb.run``,
+   ``%%remote``, ipyparallel's ``apply_sync`` and ``%%px``;
+2. one-way CPU tensor to a worker: TensorPipe, rpcnb's shared-memory path, memcpy;
+3. ``%%remote`` fan-out of a no-op to 1, 2, 4, 8 workers;
+4. fresh kernel to first remote result: ``%rpc_init --workers 2`` against an ipyparallel
+   cluster of 2 engines.
+
+Timed loops run inside real IPython kernels (``bench.in_kernel``), driven through
+jupyter_client with the tests' ``Kernel`` class. Every process started here is stopped
+at the end, also on failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/run.py` puts bench/ first, not the root
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import Kernel, children_of, kill_all, pid_alive  # noqa: E402
+
+from bench.in_kernel import MARK  # noqa: E402
+
+DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
+
+FULL = {
+    "workers": 8,
+    "fanout": [1, 2, 4, 8],
+    "rt": {"calls": 50, "rounds": 5, "warmup": 10},
+    "cells": {"cells": 30, "rounds": 3},
+    "fan": {"calls": 20, "rounds": 5, "warmup": 5},
+    "sizes_mb": [1, 10, 100, 512],
+    "reps": {"1": 20, "10": 10, "100": 5, "512": 5},
+    "xfer_warmup": 2,
+    "startup_reps": 3,
+}
+QUICK = {
+    "workers": 4,
+    "fanout": [1, 2, 4],
+    "rt": {"calls": 10, "rounds": 2, "warmup": 3},
+    "cells": {"cells": 5, "rounds": 1},
+    "fan": {"calls": 5, "rounds": 2, "warmup": 2},
+    "sizes_mb": [1, 10],
+    "reps": {"default": 5},
+    "xfer_warmup": 1,
+    "startup_reps": 1,
+}
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def cell(k: Kernel, code: str, timeout: float = 300) -> Any:
+    """Run ``code`` in ``k`` and return the JSON it emitted (``bench.in_kernel.emit``).
+
+    Waits on the kernel's messages without the tests' /proc scan every 0.1 s, which would
+    compete with the timed loop for the machine's cores; descendants are recorded after.
+    """
+    stdout: list[str] = []
+    errors: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            (stdout if content["name"] == "stdout" else errors).append(content["text"])
+        elif kind == "error":
+            errors.append("\n".join(content["traceback"]))
+
+    try:
+        reply = k.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    finally:
+        k.known.update(children_of(k.pid))
+    text = "".join(stdout)
+    if reply["content"]["status"] != "ok" or "UsageError" in "".join(errors):
+        raise RuntimeError(f"cell failed: {code[:120]!r}\n{''.join(errors)[-3000:]}\n{text[-2000:]}")
+    for line in reversed(text.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    return None
+
+
+def new_kernel() -> Kernel:
+    k = Kernel()
+    k.known.update(children_of(k.pid))
+    cell(k, "import bench.in_kernel as B")
+    return k
+
+
+def close_kernel(k: Kernel, stop: list[str]) -> None:
+    """Run the stop cells (best effort, bounded), then shut the kernel down and kill by pid."""
+    for code in stop:
+        try:
+            cell(k, code, timeout=60)
+        except Exception as exc:
+            log(f"cleanup cell failed ({code!r}): {str(exc)[:300]}")
+    k.close()
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    n = len(s)
+    return {
+        "median_ms": statistics.median(s) * 1e3,
+        "p10_ms": s[int(0.1 * (n - 1))] * 1e3,
+        "p90_ms": s[int(0.9 * (n - 1))] * 1e3,
+        "n": n,
+    }
+
+
+def rounded(samples: list[float]) -> list[float]:
+    return [round(x * 1e3, 4) for x in samples]  # ms, 0.1 us resolution
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def run_main_kernel(cfg: dict[str, Any], results: dict[str, Any]) -> None:
+    """Benchmarks 1-3 in one kernel that is worker0 of a group with cfg workers."""
+    log(f"kernel + %rpc_init --workers {cfg['workers']} + ipyparallel cluster (2 engines)")
+    k = new_kernel()
+    stop = ["B.stop_ipp()", "%rpc_shutdown"]
+    try:
+        cell(k, "%load_ext rpcnb")
+        cell(k, f"%rpc_init --workers {cfg['workers']}", timeout=300)
+        cell(k, "B.emit(B.start_ipp(2))", timeout=300)
+
+        log("1. no-op round trip (timed in the kernel)")
+        rt = cfg["rt"]
+        raw = cell(k, f"B.emit(B.roundtrip(B._state['rc'], {rt['calls']}, {rt['rounds']}, {rt['warmup']}))")
+        results["roundtrip"] = {name: {**summary(v), "samples_ms": rounded(v)} for name, v in raw.items()}
+
+        log("1b. the same as cells sent by a front end (execute request to idle)")
+        results["roundtrip_cells"] = time_cells(k, cfg["cells"])
+
+        log("3. fan-out")
+        f = cfg["fan"]
+        raw = cell(k, f"B.emit(B.fanout({cfg['fanout']!r}, {f['calls']}, {f['rounds']}, {f['warmup']}))")
+        results["fanout"] = {name: {**summary(v), "samples_ms": rounded(v)} for name, v in raw.items()}
+
+        # the cluster is not needed for transfers: give its three processes' memory back
+        cell(k, "B.stop_ipp()")
+        stop = ["%rpc_shutdown"]
+
+        log(f"2. one-way tensor transfer {cfg['sizes_mb']} MB")
+        raw = cell(k, f"B.emit(B.transfer({cfg['sizes_mb']!r}, {cfg['reps']!r}, {cfg['xfer_warmup']}))",
+                   timeout=600)
+        sizes = {}
+        for mb, entry in raw["sizes"].items():
+            sizes[mb] = {
+                "bytes": entry["bytes"],
+                "shm_sends": entry["shm_sends"],
+                **{mode: {**summary(v), "samples_ms": rounded(v)} for mode, v in entry["samples"].items()},
+            }
+        results["transfer"] = {"shm": raw["shm"], "shm_active": raw["shm_active"], "sizes": sizes}
+    finally:
+        close_kernel(k, stop)
+
+
+def time_cells(k: Kernel, cfg: dict[str, int]) -> dict[str, Any]:
+    """Wall time of whole cells as a front end sees them: execute request to idle."""
+    codes = {
+        "empty cell": "pass",
+        "%%remote": "%%remote worker1\nNone",
+        "%%px": "%%px\npass",
+    }
+    for code in codes.values():  # warm-up
+        k.kc.execute_interactive(code, timeout=60, output_hook=lambda m: None)
+    samples: dict[str, list[float]] = {name: [] for name in codes}
+    names = list(codes)
+    for r in range(cfg["rounds"]):
+        j = r % len(names)
+        for name in names[j:] + names[:j]:
+            for _ in range(cfg["cells"]):
+                t0 = time.perf_counter()
+                reply = k.kc.execute_interactive(codes[name], timeout=60, output_hook=lambda m: None)
+                samples[name].append(time.perf_counter() - t0)
+                if reply["content"]["status"] != "ok":
+                    raise RuntimeError(f"cell {codes[name]!r} failed: {reply['content']}")
+    return {name: {**summary(v), "samples_ms": rounded(v)} for name, v in samples.items()}
+
+
+def run_startup(cfg: dict[str, Any], results: dict[str, Any]) -> None:
+    """Benchmark 4: fresh kernel each time; rpcnb and ipyparallel take turns."""
+    reps = cfg["startup_reps"]
+    out: dict[str, list[dict[str, float]]] = {"rpcnb": [], "ipyparallel": []}
+    for r in range(reps):
+        order = ["rpcnb", "ipyparallel"] if r % 2 == 0 else ["ipyparallel", "rpcnb"]
+        for which in order:
+            log(f"4. start-up, {which}, {r + 1}/{reps} (fresh kernel)")
+            k = new_kernel()
+            stop = ["B.stop_rpcnb()" if which == "rpcnb" else "B.stop_ipp()"]
+            try:
+                start = "B.start_rpcnb(2)" if which == "rpcnb" else "B.start_ipp(2)"
+                out[which].append(cell(k, f"B.emit({start})", timeout=300))
+            finally:
+                close_kernel(k, stop)
+    results["startup"] = {
+        which: {
+            "runs": runs,
+            **{f"{key}_median": statistics.median(run[key] for run in runs)
+               for key in ("load_s", "init_s", "first_result_s", "total_s")},
+        }
+        for which, runs in out.items()
+    }
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+
+    def version(mod: str) -> str | None:
+        try:
+            from importlib.metadata import version as v
+
+            return v(mod)
+        except Exception:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "rpcnb"], cwd=ROOT,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except Exception:
+        commit, dirty = "", False
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "mem_gib": mem_gib,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "ipyparallel": version("ipyparallel"),
+        "ipykernel": version("ipykernel"),
+        "rpcnb": version("rpcnb"),
+        "git_commit": commit,
+        "rpcnb_tree_dirty": dirty,
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _ms(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "n/a"
+    return f"{entry['median_ms']:.3f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def _med(entry: dict[str, Any] | None) -> float | None:
+    return None if not entry else entry["median_ms"]
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def rpcnb_column(size: dict[str, Any], shm: str) -> tuple[float | None, str]:
+    """The rpcnb figure and what to print when there is none (never a stand-in figure)."""
+    if shm == "missing":
+        return None, "n/a (shm path missing)"
+    sends = size.get("shm_sends")
+    if sends is not None and sends.get("rpcnb", 0) == 0:
+        return None, "n/a (shm path not taken)"
+    med = _med(size.get("rpcnb"))
+    return med, "n/a" if med is None else f"{med:.2f}"
+
+
+def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    parts: list[str] = []
+    targets: list[dict[str, Any]] = []
+
+    def target(name: str, value: float | None, limit: float | None, ok: bool | None, shown: str) -> None:
+        verdict = "n/a" if ok is None else ("PASS" if ok else "MISS")
+        targets.append({"target": name, "measured": value, "limit": limit, "verdict": verdict,
+                        "shown": shown})
+
+    rt = results.get("roundtrip", {})
+    if rt:
+        base, px = _med(rt.get("rpc_sync")), _med(rt.get("%%px"))
+        rows = [["1. no-op round trip (in kernel)", "median ms", "p10-p90 ms", "vs rpc_sync", "vs %%px"]]
+        for name, e in rt.items():
+            rows.append([name, _ms(e), f"{e['p10_ms']:.3f}-{e['p90_ms']:.3f}",
+                         _ratio(e["median_ms"], base), _ratio(e["median_ms"], px)])
+        parts.append(_table(rows))
+        rem = _med(rt.get("%%remote"))
+        if rem is not None and base is not None:
+            target("%%remote no-op <= raw rpc_sync + 2 ms", rem, base + 2.0, rem <= base + 2.0,
+                   f"{rem:.3f} ms vs {base:.3f} + 2 = {base + 2:.3f} ms")
+        if rem is not None and px is not None:
+            target("%%remote no-op <= 0.5x ipyparallel %px", rem / px, 0.5, rem <= 0.5 * px,
+                   f"{rem / px:.2f}x ({rem:.3f} vs {px:.3f} ms)")
+    cells = results.get("roundtrip_cells", {})
+    if cells:
+        empty = _med(cells.get("empty cell"))
+        rows = [["1b. whole cell, front end", "median ms", "p10-p90 ms", "minus empty cell"]]
+        for name, e in cells.items():
+            extra = "" if empty is None or name == "empty cell" else f"{e['median_ms'] - empty:.3f}"
+            rows.append([name, _ms(e), f"{e['p10_ms']:.3f}-{e['p90_ms']:.3f}", extra])
+        parts.append(_table(rows))
+
+    xfer = results.get("transfer")
+    if xfer:
+        rows = [["2. one-way CPU tensor", "tensorpipe ms", "rpcnb ms", "memcpy ms", "tp GB/s",
+                 "rpcnb GB/s", "memcpy GB/s", "tp/rpcnb", "rpcnb/memcpy"]]
+        for mb, size in xfer["sizes"].items():
+            gb = size["bytes"] / 1e9
+            tp, cp = _med(size.get("tensorpipe")), _med(size.get("memcpy"))
+            rn, rn_text = rpcnb_column(size, xfer["shm"])
+
+            def rate(ms: float | None) -> str:
+                return "n/a" if ms is None else f"{gb / (ms / 1e3):.2f}"
+
+            rows.append([f"{mb} MB", _ms(size.get("tensorpipe")), rn_text, _ms(size.get("memcpy")),
+                         rate(tp), rate(rn), rate(cp), _ratio(tp, rn), _ratio(rn, cp)])
+            if mb in ("100", "512"):
+                if rn is None:
+                    target(f"{mb} MB: rpcnb >= 8x faster than tensorpipe", None, 8.0, None, rn_text)
+                    target(f"{mb} MB: rpcnb <= 2x memcpy", None, 2.0, None, rn_text)
+                else:
+                    assert tp is not None and cp is not None
+                    target(f"{mb} MB: rpcnb >= 8x faster than tensorpipe", tp / rn, 8.0, tp / rn >= 8.0,
+                           f"{tp / rn:.2f}x ({rn:.2f} vs {tp:.2f} ms)")
+                    target(f"{mb} MB: rpcnb <= 2x memcpy", rn / cp, 2.0, rn / cp <= 2.0,
+                           f"{rn / cp:.2f}x ({rn:.2f} vs {cp:.2f} ms)")
+        parts.append(_table(rows) + "\n(MB = 2**20 bytes; GB/s = 1e9 bytes/s; time = round trip of "
+                     "rpc_sync(worker1, consume, args=(t,)), which returns t.numel())")
+
+    fan = results.get("fanout", {})
+    if fan:
+        rows = [["3. fan-out of a no-op", "rpcnb.run ms", "vs 1", "%%remote ms", "vs 1"]]
+        a1, m1 = _med(fan.get("api 1")), _med(fan.get("magic 1"))
+        for n in cfg["fanout"]:
+            a, m = _med(fan.get(f"api {n}")), _med(fan.get(f"magic {n}"))
+            rows.append([f"{n} worker{'s' if n > 1 else ''}", _ms(fan.get(f"api {n}")), _ratio(a, a1),
+                         _ms(fan.get(f"magic {n}")), _ratio(m, m1)])
+        parts.append(_table(rows))
+        m4 = _med(fan.get("magic 4"))
+        if m4 is not None and m1 is not None:
+            target("%%remote fan-out to 4 workers <= 1.5x 1 worker", m4 / m1, 1.5, m4 / m1 <= 1.5,
+                   f"{m4 / m1:.2f}x ({m4:.3f} vs {m1:.3f} ms)")
+
+    st = results.get("startup")
+    if st:
+        rows = [["4. fresh kernel to first result", "import/load s", "start s", "first result s",
+                 "total s", "runs"]]
+        for which, e in st.items():
+            label = "rpcnb: %rpc_init --workers 2" if which == "rpcnb" else "ipyparallel: Cluster(n=2)"
+            rows.append([label, f"{e['load_s_median']:.2f}", f"{e['init_s_median']:.2f}",
+                         f"{e['first_result_s_median']:.3f}", f"{e['total_s_median']:.2f}",
+                         " ".join(f"{run['total_s']:.2f}" for run in e["runs"])])
+        r = st["rpcnb"]["total_s_median"] / st["ipyparallel"]["total_s_median"]
+        parts.append(_table(rows) + f"\n(rpcnb / ipyparallel total: {r:.2f}x; medians of "
+                     f"{len(st['rpcnb']['runs'])} runs each)")
+        target("init to first result <= 0.5x ipyparallel", r, 0.5, r <= 0.5,
+               f"{r:.2f}x ({st['rpcnb']['total_s_median']:.2f} vs {st['ipyparallel']['total_s_median']:.2f} s)")
+
+    if targets:
+        rows = [["targets (issue 'Speed')", "verdict", "measured"]]
+        rows += [[t["target"], t["verdict"], t["shown"]] for t in targets]
+        parts.append(_table(rows))
+    return "\n\n".join(parts), targets
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and repeats: a smoke run")
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
+    parser.add_argument("--only", default="1,2,3,4",
+                        help="comma list of benchmarks to run; 1-3 share a kernel (default all)")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    only = {p.strip() for p in args.only.split(",")}
+    out_path = args.out or DEFAULT_OUT
+
+    # Workers and engines start with this environment: they must import bench.targets.
+    os.chdir(ROOT)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    shm_before = set(glob.glob("/dev/shm/rpcnb-*"))
+
+    info = machine()
+    results: dict[str, Any] = {}
+    t0 = time.monotonic()
+    failed: BaseException | None = None
+    try:
+        if only & {"1", "2", "3"}:
+            run_main_kernel(cfg, results)
+        if "4" in only:
+            run_startup(cfg, results)
+    except BaseException as exc:  # report what was measured, then fail
+        failed = exc
+        log(f"benchmark failed: {exc!r}")
+    finally:
+        time.sleep(0.2)
+        left = [p for p in children_of(os.getpid()) if pid_alive(p)]
+        if left:
+            log(f"killing leftover processes: {left}")
+            kill_all(left)
+    info["loadavg_end"] = list(os.getloadavg())
+    info["wall_s"] = round(time.monotonic() - t0, 1)
+    leftover_shm = sorted(set(glob.glob("/dev/shm/rpcnb-*")) - shm_before)
+
+    table, targets = report(results, cfg)
+    header = (f"rpcnb benchmarks ({'quick' if args.quick else 'full'}) on {info['cpu_model']} x "
+              f"{info['cpus_usable']} cpus, python {info['python']}, torch {info['torch']}, "
+              f"ipyparallel {info['ipyparallel']}, {info['date']}, load {info['loadavg_start'][0]:.2f}"
+              f" -> {info['loadavg_end'][0]:.2f}")
+    print(header)
+    print()
+    print(table)
+    if leftover_shm:
+        print(f"\nshared-memory files left in /dev/shm: {leftover_shm}")
+
+    doc = {
+        "mode": "quick" if args.quick else "full",
+        "machine": info,
+        "config": cfg,
+        "results": results,
+        "targets": targets,
+        "leftover_shm": leftover_shm,
+        "left_processes": left,
+        "error": None if failed is None else repr(failed),
+        "table": header + "\n\n" + table,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"\nwrote {out_path}")
+    if failed is not None:
+        if isinstance(failed, KeyboardInterrupt):
+            raise failed
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

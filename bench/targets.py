@@ -1,0 +1,24 @@
+"""Functions the benchmarks call on workers and engines.
+
+They live in an importable module (not ``__main__``) so that torch RPC and ipyparallel
+send them by reference: the figures then measure the call, not shipping code by value.
+Workers and engines find this module through ``PYTHONPATH`` (``bench.run`` sets it to the
+repository root).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def noop() -> None:
+    return None
+
+
+def one() -> int:
+    return 1
+
+
+def consume(t: Any) -> int:
+    """Receive a tensor and answer with something tiny, so the round trip is one-way data."""
+    return int(t.numel())
