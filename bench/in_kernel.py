@@ -58,31 +58,41 @@ def compare(methods: dict[str, Callable[[], Any]], calls: int, rounds: int,
 # --------------------------------------------------------------------------- round trip
 
 
-def roundtrip(rc: Any, calls: int, rounds: int, warmup: int) -> dict[str, list[float]]:
-    """No-op round trip to one worker or engine, five ways, plus %px on two engines.
+def roundtrip(rc: Any, calls: int, rounds: int, warmup: int,
+              rpcnb_up: bool = True) -> dict[str, list[float]]:
+    """No-op round trip to one worker or engine, five ways, plus %%px on two engines.
 
-    Needs an rpcnb group with ``worker1`` and the ipyparallel client ``rc`` of a running
-    cluster, both in this kernel.
+    Needs an rpcnb group with ``worker1`` (unless ``rpcnb_up`` is false) and/or the
+    ipyparallel client ``rc`` of a running cluster (unless it is None), in this kernel.
     """
-    import torch.distributed.rpc as rpc
-
-    import rpcnb
-    from bench.targets import noop
-
     ip = _ip()
-    engine0 = rc[0]
-    engine0.block = True
-    rc.activate(targets=0)  # %px / %%px on engine 0: one engine, as %%remote worker1
-    rc.activate(targets="all", suffix="_all")  # %%px_all on both engines
-    methods: dict[str, Callable[[], Any]] = {
-        "rpc_sync": lambda: rpc.rpc_sync("worker1", noop),
-        "rpcnb.run": lambda: rpcnb.run("worker1", "None"),
-        "%%remote": lambda: ip.run_cell_magic("remote", "worker1", "None"),
-        "ipp apply_sync": lambda: engine0.apply_sync(noop),
-        "%%px": lambda: ip.run_cell_magic("px", "", "pass"),
-        "%%px (2 engines)": lambda: ip.run_cell_magic("px_all", "", "pass"),
-    }
+    methods: dict[str, Callable[[], Any]] = {}
+    if rpcnb_up:
+        import torch.distributed.rpc as rpc
+
+        import rpcnb
+        from bench.targets import noop
+
+        methods["rpc_sync"] = lambda: rpc.rpc_sync("worker1", noop)
+        methods["rpcnb.run"] = lambda: rpcnb.run("worker1", "None")
+        methods["%%remote"] = lambda: ip.run_cell_magic("remote", "worker1", "None")
+    if rc is not None:
+        from bench.targets import noop
+
+        engine0 = rc[0]
+        engine0.block = True
+        rc.activate(targets=0)  # %px / %%px on engine 0: one engine, as %%remote worker1
+        rc.activate(targets="all", suffix="_all")  # %%px_all on both engines
+        methods["ipp apply_sync"] = lambda: engine0.apply_sync(noop)
+        methods["%%px"] = lambda: ip.run_cell_magic("px", "", "pass")
+        methods["%%px (2 engines)"] = lambda: ip.run_cell_magic("px_all", "", "pass")
     return compare(methods, calls, rounds, warmup)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 # --------------------------------------------------------------------------- fan-out
@@ -188,6 +198,8 @@ def transfer(sizes_mb: list[int], reps: dict[str, int], warmup: int) -> dict[str
             out["sizes"][str(mb)] = {"bytes": nbytes, "samples": samples,
                                      "shm_sends": taken if shm is not None and hasattr(shm, "stats") else None}
             del t, dst
+        if shm is not None and hasattr(shm, "stats"):
+            out["shm_stats"] = shm.stats()
     finally:
         if shm is not None and was_on is not None:
             shm.set_enabled(was_on)
@@ -200,14 +212,17 @@ def transfer(sizes_mb: list[int], reps: dict[str, int], warmup: int) -> dict[str
 _state: dict[str, Any] = {}
 
 
-def start_rpcnb(workers: int = 2) -> dict[str, float]:
-    """From ``%load_ext rpcnb`` to the first ``%%remote worker1 --fetch`` value."""
+def start_rpcnb(workers: int = 2, extra: str = "") -> dict[str, float]:
+    """From ``%load_ext rpcnb`` to the first ``%%remote worker1 --fetch`` value.
+
+    ``extra`` is appended to the ``%rpc_init`` line (``bench.run --rpc-args``).
+    """
     ip = _ip()
     perf = time.perf_counter
     t0 = perf()
     ip.run_line_magic("load_ext", "rpcnb")
     t1 = perf()
-    ip.run_line_magic("rpc_init", f"--workers {workers}")
+    ip.run_line_magic("rpc_init", f"--workers {workers} {extra}".strip())
     t2 = perf()
     value = ip.run_cell_magic("remote", "worker1 --fetch", "1")
     t3 = perf()
@@ -217,7 +232,10 @@ def start_rpcnb(workers: int = 2) -> dict[str, float]:
 
 def stop_rpcnb() -> None:
     ip = _ip()
-    ip.run_line_magic("rpc_shutdown", "")
+    from rpcnb import session
+
+    if session.is_initialized():
+        ip.run_line_magic("rpc_shutdown", "")
 
 
 def start_ipp(engines: int = 2) -> dict[str, float]:

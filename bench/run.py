@@ -47,9 +47,9 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
 FULL = {
     "workers": 8,
     "fanout": [1, 2, 4, 8],
-    "rt": {"calls": 50, "rounds": 5, "warmup": 10},
-    "cells": {"cells": 30, "rounds": 3},
-    "fan": {"calls": 20, "rounds": 5, "warmup": 5},
+    "rt": {"calls": 10, "rounds": 25, "warmup": 10},
+    "cells": {"cells": 10, "rounds": 6},
+    "fan": {"calls": 10, "rounds": 10, "warmup": 5},
     "sizes_mb": [1, 10, 100, 512],
     "reps": {"1": 20, "10": 10, "100": 5, "512": 5},
     "xfer_warmup": 2,
@@ -58,7 +58,7 @@ FULL = {
 QUICK = {
     "workers": 4,
     "fanout": [1, 2, 4],
-    "rt": {"calls": 10, "rounds": 2, "warmup": 3},
+    "rt": {"calls": 5, "rounds": 3, "warmup": 3},
     "cells": {"cells": 5, "rounds": 1},
     "fan": {"calls": 5, "rounds": 2, "warmup": 2},
     "sizes_mb": [1, 10],
@@ -142,52 +142,79 @@ def rounded(samples: list[float]) -> list[float]:
 # --------------------------------------------------------------------------- the runs
 
 
-def run_main_kernel(cfg: dict[str, Any], results: dict[str, Any]) -> None:
-    """Benchmarks 1-3 in one kernel that is worker0 of a group with cfg workers."""
-    log(f"kernel + %rpc_init --workers {cfg['workers']} + ipyparallel cluster (2 engines)")
+def stats_of(raw: dict[str, list[float]]) -> dict[str, Any]:
+    return {name: {**summary(v), "samples_ms": rounded(v)} for name, v in raw.items()}
+
+
+def run_roundtrip_kernel(cfg: dict[str, Any], results: dict[str, Any], rpc_args: str,
+                         parts: set[str]) -> None:
+    """Benchmarks 1 and 2 in one kernel: worker0 of a group of 2 workers, plus a cluster.
+
+    Idle TensorPipe processes busy-poll their shared-memory transport, so the rpcnb group
+    slows everything else on a small machine. ipyparallel is therefore timed twice: side by
+    side with rpcnb (same conditions for both) and once more after the group has left
+    (ipyparallel's own conditions). Idle ipyparallel processes use no CPU.
+    """
+    log("kernel + %rpc_init --workers 2 + ipyparallel cluster (2 engines)")
     k = new_kernel()
-    stop = ["B.stop_ipp()", "%rpc_shutdown"]
+    stop = ["B.stop_ipp()", "B.stop_rpcnb()"]
     try:
         cell(k, "%load_ext rpcnb")
-        cell(k, f"%rpc_init --workers {cfg['workers']}", timeout=300)
+        cell(k, f"%rpc_init --workers 2 {rpc_args}".strip(), timeout=300)
+        results["torch_threads_in_kernel"] = cell(k, "B.emit(B.torch_threads())")
         cell(k, "B.emit(B.start_ipp(2))", timeout=300)
 
-        log("1. no-op round trip (timed in the kernel)")
         rt = cfg["rt"]
-        raw = cell(k, f"B.emit(B.roundtrip(B._state['rc'], {rt['calls']}, {rt['rounds']}, {rt['warmup']}))")
-        results["roundtrip"] = {name: {**summary(v), "samples_ms": rounded(v)} for name, v in raw.items()}
-
-        log("1b. the same as cells sent by a front end (execute request to idle)")
-        results["roundtrip_cells"] = time_cells(k, cfg["cells"])
-
-        log("3. fan-out")
-        f = cfg["fan"]
-        raw = cell(k, f"B.emit(B.fanout({cfg['fanout']!r}, {f['calls']}, {f['rounds']}, {f['warmup']}))")
-        results["fanout"] = {name: {**summary(v), "samples_ms": rounded(v)} for name, v in raw.items()}
-
-        # the cluster is not needed for transfers: give its three processes' memory back
-        cell(k, "B.stop_ipp()")
-        stop = ["%rpc_shutdown"]
-
-        log(f"2. one-way tensor transfer {cfg['sizes_mb']} MB")
-        raw = cell(k, f"B.emit(B.transfer({cfg['sizes_mb']!r}, {cfg['reps']!r}, {cfg['xfer_warmup']}))",
-                   timeout=600)
-        sizes = {}
-        for mb, entry in raw["sizes"].items():
-            sizes[mb] = {
-                "bytes": entry["bytes"],
-                "shm_sends": entry["shm_sends"],
-                **{mode: {**summary(v), "samples_ms": rounded(v)} for mode, v in entry["samples"].items()},
-            }
-        results["transfer"] = {"shm": raw["shm"], "shm_active": raw["shm_active"], "sizes": sizes}
+        args = f"{rt['calls']}, {rt['rounds']}, {rt['warmup']}"
+        if "1" in parts:
+            log("1. no-op round trip (timed in the kernel)")
+            results["roundtrip"] = stats_of(cell(k, f"B.emit(B.roundtrip(B._state['rc'], {args}))"))
+            log("1b. the same as whole cells sent by a front end (execute request to idle)")
+            results["roundtrip_cells"] = time_cells(k, cfg["cells"])
+        if "2" in parts:
+            run_transfer(k, cfg, results)
+        if "1" in parts:
+            log("1c. ipyparallel again, after the rpcnb group has left")
+            cell(k, "B.stop_rpcnb()", timeout=120)
+            time.sleep(1.0)
+            alone = stats_of(cell(k, f"B.emit(B.roundtrip(B._state['rc'], {args}, rpcnb_up=False))"))
+            results["roundtrip_ipp_alone"] = alone
     finally:
         close_kernel(k, stop)
+
+
+def run_transfer(k: Kernel, cfg: dict[str, Any], results: dict[str, Any]) -> None:
+    log(f"2. one-way tensor transfer {cfg['sizes_mb']} MB")
+    raw = cell(k, f"B.emit(B.transfer({cfg['sizes_mb']!r}, {cfg['reps']!r}, {cfg['xfer_warmup']}))",
+               timeout=600)
+    sizes = {}
+    for mb, entry in raw["sizes"].items():
+        sizes[mb] = {"bytes": entry["bytes"], "shm_sends": entry["shm_sends"],
+                     **stats_of(entry["samples"])}
+    results["transfer"] = {"shm": raw["shm"], "shm_active": raw["shm_active"],
+                           "shm_stats": raw.get("shm_stats"), "sizes": sizes}
+
+
+def run_fanout_kernel(cfg: dict[str, Any], results: dict[str, Any], rpc_args: str) -> None:
+    """Benchmark 3 in a kernel that is worker0 of one group of cfg['workers'] workers."""
+    log(f"kernel + %rpc_init --workers {cfg['workers']}")
+    k = new_kernel()
+    try:
+        cell(k, "%load_ext rpcnb")
+        cell(k, f"%rpc_init --workers {cfg['workers']} {rpc_args}".strip(), timeout=300)
+        log(f"3. fan-out to {cfg['fanout']} workers")
+        f = cfg["fan"]
+        raw = cell(k, f"B.emit(B.fanout({cfg['fanout']!r}, {f['calls']}, {f['rounds']}, {f['warmup']}))")
+        results["fanout"] = stats_of(raw)
+    finally:
+        close_kernel(k, ["B.stop_rpcnb()"])
 
 
 def time_cells(k: Kernel, cfg: dict[str, int]) -> dict[str, Any]:
     """Wall time of whole cells as a front end sees them: execute request to idle."""
     codes = {
         "empty cell": "pass",
+        "cell sleeping 1 ms": "__import__('time').sleep(0.001)",
         "%%remote": "%%remote worker1\nNone",
         "%%px": "%%px\npass",
     }
@@ -204,10 +231,10 @@ def time_cells(k: Kernel, cfg: dict[str, int]) -> dict[str, Any]:
                 samples[name].append(time.perf_counter() - t0)
                 if reply["content"]["status"] != "ok":
                     raise RuntimeError(f"cell {codes[name]!r} failed: {reply['content']}")
-    return {name: {**summary(v), "samples_ms": rounded(v)} for name, v in samples.items()}
+    return stats_of(samples)
 
 
-def run_startup(cfg: dict[str, Any], results: dict[str, Any]) -> None:
+def run_startup(cfg: dict[str, Any], results: dict[str, Any], rpc_args: str) -> None:
     """Benchmark 4: fresh kernel each time; rpcnb and ipyparallel take turns."""
     reps = cfg["startup_reps"]
     out: dict[str, list[dict[str, float]]] = {"rpcnb": [], "ipyparallel": []}
@@ -218,7 +245,7 @@ def run_startup(cfg: dict[str, Any], results: dict[str, Any]) -> None:
             k = new_kernel()
             stop = ["B.stop_rpcnb()" if which == "rpcnb" else "B.stop_ipp()"]
             try:
-                start = "B.start_rpcnb(2)" if which == "rpcnb" else "B.start_ipp(2)"
+                start = f"B.start_rpcnb(2, {rpc_args!r})" if which == "rpcnb" else "B.start_ipp(2)"
                 out[which].append(cell(k, f"B.emit({start})", timeout=300))
             finally:
                 close_kernel(k, stop)
@@ -316,11 +343,17 @@ def rpcnb_column(size: dict[str, Any], shm: str) -> tuple[float | None, str]:
     """The rpcnb figure and what to print when there is none (never a stand-in figure)."""
     if shm == "missing":
         return None, "n/a (shm path missing)"
-    sends = size.get("shm_sends")
-    if sends is not None and sends.get("rpcnb", 0) == 0:
-        return None, "n/a (shm path not taken)"
     med = _med(size.get("rpcnb"))
-    return med, "n/a" if med is None else f"{med:.2f}"
+    if med is None:
+        return None, "n/a"
+    sends = size.get("shm_sends")
+    if sends is not None:
+        taken, n = sends.get("rpcnb", 0), size["rpcnb"]["n"]
+        if taken == 0:
+            return None, "n/a (shm path not taken)"
+        if taken < n:
+            return med, f"{med:.3f} ({taken}/{n} via shm)"
+    return med, f"{med:.3f}"
 
 
 def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -333,20 +366,24 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
                         "shown": shown})
 
     rt = results.get("roundtrip", {})
-    if rt:
+    alone = results.get("roundtrip_ipp_alone", {})
+    if rt or alone:
         base, px = _med(rt.get("rpc_sync")), _med(rt.get("%%px"))
         rows = [["1. no-op round trip (in kernel)", "median ms", "p10-p90 ms", "vs rpc_sync", "vs %%px"]]
-        for name, e in rt.items():
+        entries = list(rt.items()) + [(f"{name}, rpcnb group stopped", e) for name, e in alone.items()]
+        for name, e in entries:
             rows.append([name, _ms(e), f"{e['p10_ms']:.3f}-{e['p90_ms']:.3f}",
                          _ratio(e["median_ms"], base), _ratio(e["median_ms"], px)])
-        parts.append(_table(rows))
+        parts.append(_table(rows) + "\n(first rows measured in turns with an rpcnb group of 2 workers "
+                     "and a cluster of 2 engines both up; 'rpcnb group stopped': ipyparallel alone)")
         rem = _med(rt.get("%%remote"))
         if rem is not None and base is not None:
             target("%%remote no-op <= raw rpc_sync + 2 ms", rem, base + 2.0, rem <= base + 2.0,
                    f"{rem:.3f} ms vs {base:.3f} + 2 = {base + 2:.3f} ms")
-        if rem is not None and px is not None:
-            target("%%remote no-op <= 0.5x ipyparallel %px", rem / px, 0.5, rem <= 0.5 * px,
-                   f"{rem / px:.2f}x ({rem:.3f} vs {px:.3f} ms)")
+        for label, ref in (("side by side", px), ("ipyparallel alone", _med(alone.get("%%px")))):
+            if rem is not None and ref is not None:
+                target(f"%%remote no-op <= 0.5x ipyparallel %px ({label})", rem / ref, 0.5,
+                       rem <= 0.5 * ref, f"{rem / ref:.2f}x ({rem:.3f} vs {ref:.3f} ms)")
     cells = results.get("roundtrip_cells", {})
     if cells:
         empty = _med(cells.get("empty cell"))
@@ -427,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and repeats: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
     parser.add_argument("--only", default="1,2,3,4",
-                        help="comma list of benchmarks to run; 1-3 share a kernel (default all)")
+                        help="comma list of benchmarks to run; 1 and 2 share a kernel (default all)")
+    parser.add_argument("--rpc-args", default="",
+                        help="extra %%rpc_init flags for every rpcnb group, e.g. '--transports uv'")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     only = {p.strip() for p in args.only.split(",")}
@@ -444,10 +483,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     failed: BaseException | None = None
     try:
-        if only & {"1", "2", "3"}:
-            run_main_kernel(cfg, results)
+        if only & {"1", "2"}:
+            run_roundtrip_kernel(cfg, results, args.rpc_args, only)
+        if "3" in only:
+            run_fanout_kernel(cfg, results, args.rpc_args)
         if "4" in only:
-            run_startup(cfg, results)
+            run_startup(cfg, results, args.rpc_args)
     except BaseException as exc:  # report what was measured, then fail
         failed = exc
         log(f"benchmark failed: {exc!r}")
@@ -465,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"rpcnb benchmarks ({'quick' if args.quick else 'full'}) on {info['cpu_model']} x "
               f"{info['cpus_usable']} cpus, python {info['python']}, torch {info['torch']}, "
               f"ipyparallel {info['ipyparallel']}, {info['date']}, load {info['loadavg_start'][0]:.2f}"
-              f" -> {info['loadavg_end'][0]:.2f}")
+              f" -> {info['loadavg_end'][0]:.2f}" + (f", %rpc_init {args.rpc_args}" if args.rpc_args else ""))
     print(header)
     print()
     print(table)
@@ -474,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
 
     doc = {
         "mode": "quick" if args.quick else "full",
+        "rpc_args": args.rpc_args,
         "machine": info,
         "config": cfg,
         "results": results,

@@ -14,6 +14,7 @@ import importlib.abc
 import importlib.machinery
 import io
 import sys
+import time
 import types
 from collections import ChainMap
 from typing import Any
@@ -62,11 +63,15 @@ _PICKLER: Any = None
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
     """Large CPU tensors to a same-host peer take rpcnb's shared-memory path."""
-    from rpcnb import shm
+    from rpcnb import shm, telemetry
 
     if shm.wants(tensor):
+        start, t0 = telemetry.now(), time.perf_counter()
         reduced = shm.export(tensor)
         if reduced is not None:
+            telemetry.record(telemetry.current_peer(), "tensor", start,
+                             time.perf_counter() - t0,
+                             tensor.element_size() * tensor.nelement(), channel="rpcnb_shm")
             return reduced
     return fallback(tensor)
 
@@ -104,6 +109,9 @@ def install() -> None:
 
     pickler = internal._internal_rpc_pickler
     pickler.serialize = types.MethodType(_serialize, pickler)  # type: ignore[method-assign]
+    from rpcnb import telemetry
+
+    telemetry.install()
     _installed = True
 
 

@@ -24,8 +24,9 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligned
 FREE, IN_FLIGHT = 0, 1

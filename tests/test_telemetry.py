@@ -1,0 +1,62 @@
+"""Telemetry: every call recorded with peer, op, bytes, channel and duration."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed.rpc as rpc
+from conftest import children_of, kill_all, pid_alive
+
+import rpcnb
+from rpcnb import telemetry
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def size_of(t):
+    return t.numel()
+
+
+@pytest.fixture
+def api_group():
+    rpcnb.init(1)
+    seen = set(children_of(os.getpid()))
+    try:
+        yield
+    finally:
+        rpcnb.shutdown()
+        kill_all(sorted(p for p in seen if pid_alive(p)))
+
+
+def test_plain_rpc_calls_and_cells_are_recorded(api_group):
+    telemetry.clear()
+    rpc.rpc_sync("worker1", size_of, args=(torch.ones(10),))
+    fut = rpc.rpc_async("worker1", size_of, args=(torch.ones(1 << 20),))
+    fut.wait()
+    rref = rpc.remote("worker1", size_of, args=(torch.ones(3),))
+    rref.to_here()
+    rpcnb.run("worker1", "1 + 1", fetch=True)
+    recs = telemetry.records("worker1")
+    ops = [r["op"] for r in recs]
+    assert ops.count("size_of") == 2 and "remote:size_of" in ops and "cell" in ops
+    small = next(r for r in recs if r["op"] == "size_of")
+    assert small["nbytes"] == 40 and small["duration"] > 0 and small["ok"]
+    shm_recs = [r for r in recs if r["channel"] == "rpcnb_shm"]
+    assert len(shm_recs) == 1 and shm_recs[0]["nbytes"] == 4 << 20
+    s = telemetry.summary("worker1")
+    assert s["calls"] == len(recs)
+    assert s["p50_ms"] <= s["p95_ms"]
+    assert s["bytes"] >= (4 << 20) and s["bytes_per_s"] > 0
+
+
+def test_ring_buffer_is_bounded():
+    telemetry.clear()
+    for i in range(telemetry.CAPACITY + 100):
+        telemetry.record("peer", "op", 0.0, 0.001 * (i % 7))
+    assert len(telemetry.records()) == telemetry.CAPACITY
+    assert telemetry.summary("peer")["calls"] == telemetry.CAPACITY + 100
+    telemetry.clear()
