@@ -202,7 +202,7 @@ def listening_addresses(pid: int) -> list[str]:
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     found = []
-    for table, width in (("tcp", 8), ("tcp6", 32)):
+    for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
