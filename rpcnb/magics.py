@@ -45,6 +45,21 @@ def _remote_args(func: Any) -> Any:
     return func
 
 
+def _device_map_spec(text: str, user_ns: dict[str, Any]) -> Any:
+    """--device-map takes a dict literal, DI-engine's string, or a notebook variable."""
+    import ast
+
+    text = text.strip().strip("'\"")
+    if text.startswith("{"):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError) as exc:
+            raise UsageError(f"--device-map {text!r} is not a valid dict literal: {exc}.")
+    if text.isidentifier() and text in user_ns:
+        return user_ns[text]
+    return text
+
+
 def _split_line_form(line: str) -> tuple[str, str]:
     """Split '%remote [flags] WORKER EXPR' into the flag part and the expression, raw."""
     pos = 0
@@ -80,6 +95,8 @@ class RpcMagics(Magics):
     @argument("--threads", type=int, default=None, help="RPC threads per process (default 16)")
     @argument("--channels", default=None, help="TensorPipe channels to allow, e.g. basic,cma")
     @argument("--transports", default=None, help="TensorPipe transports to allow, e.g. uv,shm")
+    @argument("--device-map", default=None, metavar="SPEC",
+              help="this kernel's device map: {'worker1': {0: 1}} or DI-engine's 1_0_1,2_0_2")
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
     @line_magic
@@ -89,6 +106,8 @@ class RpcMagics(Magics):
 
         args = parse_argstring(self.rpc_init, line)
         kwargs: dict[str, Any] = {}
+        if args.device_map is not None:
+            kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
         if args.threads is not None:
             kwargs["threads"] = args.threads
         if args.timeout is not None:

@@ -19,7 +19,9 @@ import types
 from collections import ChainMap
 from typing import Any
 
-_TARGET = "torch.distributed.rpc.internal"
+# Patch once torch's import has finished (it imports torch.distributed.rpc itself):
+# patching in the middle of it would meet half-initialised modules.
+_TARGET = "torch"
 _installed = False
 
 
@@ -100,7 +102,7 @@ def install() -> None:
     """Make torch's RPC pickler ship ``__main__`` code by value (idempotent).
 
     Imports torch; call it only where torch is needed anyway. ``watch()`` defers it
-    until the user's code imports ``torch.distributed.rpc`` itself.
+    until the user's code imports torch itself.
     """
     global _installed
     if _installed:
@@ -132,7 +134,7 @@ class _Loader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Patches the pickler right after torch's RPC internals are first imported."""
+    """Patches the pickler right after torch is first imported."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != _TARGET:
@@ -151,7 +153,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def watch() -> None:
-    """Install now if torch's RPC is already imported, else as soon as it is."""
+    """Install now if torch is already imported, else as soon as it is."""
     if _TARGET in sys.modules:
         install()
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):

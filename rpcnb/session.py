@@ -174,7 +174,22 @@ def _rpc_options(options: dict[str, Any], init_method: str) -> Any:
         kwargs["_channels"] = list(options["channels"])
     if options.get("transports"):
         kwargs["_transports"] = list(options["transports"])
-    return rpc.TensorPipeRpcBackendOptions(**kwargs)
+    opts = rpc.TensorPipeRpcBackendOptions(**kwargs)
+    if options.get("device_map"):
+        from rpcnb.devicemap import DeviceMap
+
+        DeviceMap.parse(options["device_map"]).apply(opts)
+    return opts
+
+
+def check_device_map(spec: Any, me: str, names: dict[int, str] | None = None) -> dict[str, Any]:
+    """Parse and validate a device map (dict or DI-engine string) for this machine before
+    anything starts; its plain dict form. Raises ValueError naming peer and device."""
+    from rpcnb.devicemap import DeviceMap, machine_devices
+
+    dm = DeviceMap.parse(spec, me=me, names=names)
+    dm.check(local_devices=machine_devices())
+    return dm.to_dict()
 
 
 def validate_options(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RPC_TIMEOUT,
@@ -274,11 +289,14 @@ def _shell() -> Any:
 
 def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THREADS,
          timeout: float = DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
-         transports: Iterable[str] | None = None, shm: bool = True) -> Group:
+         transports: Iterable[str] | None = None, shm: bool = True,
+         device_map: Any = None) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
-    The workers are named ``worker1``..``workerN``. The rendezvous is a file in a private
-    temporary directory, so the group is reachable from this host only.
+    The workers are named ``worker1``..``workerN``. ``device_map`` (torch's dict form or
+    DI-engine's ``"1_0_1"`` string) is this process's map, checked before anything
+    starts. The rendezvous is a file in a private temporary directory, so the group is
+    reachable from this host only.
     """
     launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if _session is not None:
@@ -291,6 +309,9 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
     options = validate_options(threads, timeout, channels, transports)
     options["shm"] = bool(shm)
+    if device_map is not None:
+        ranks = {0: name, **{i: n for i, n in enumerate(names, start=1)}}
+        options["device_map"] = check_device_map(device_map, name, ranks)
 
     group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
     init_method = f"file://{group_dir / 'store'}"
@@ -382,12 +403,13 @@ def _abort(session: _Session | None, group_dir: Path | None) -> None:
 
 
 def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
-         timeout: float | None = None, shm: bool = True) -> Group:
+         timeout: float | None = None, shm: bool = True, device_map: Any = None) -> Group:
     """Join the group at ``address`` as ``name``; remote cells run in this namespace."""
     launch.apply_quiet_env()
     if _session is not None:
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_session.name))
     _check_name(name)
+    mapped = check_device_map(device_map, name) if device_map is not None else None
     init_method = address if address.startswith("file://") else f"file://{address}"
     store = _open_store(init_method)
     try:
@@ -398,6 +420,8 @@ def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
     rank = int(store.add("rpcnb/next_rank", 1))
     opts = validate_options(threads, timeout if timeout is not None else DEFAULT_RPC_TIMEOUT)
     opts["shm"] = shm
+    if mapped:
+        opts["device_map"] = mapped
     runner = _kernel_runner(name)
     try:
         session = start_member(name, rank, init_method, opts, leader=leader, runner=runner)

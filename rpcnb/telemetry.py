@@ -167,7 +167,7 @@ def install() -> None:
 
     api._invoke_rpc = invoke
     api.remote = remote
-    rpc.remote = remote
+    rpc.remote = remote  # the package re-exports api's names
     _installed = True
 
 

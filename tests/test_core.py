@@ -22,6 +22,26 @@ def test_load_ext_is_light_and_quiet(kernel):
         "print('torch' in sys.modules, os.environ.get('TORCH_CPP_LOG_LEVEL'))"
     )
     assert out.stdout.split() == ["False", "ERROR"]
+    # the user's own `import torch` installs rpcnb's pickler for plain torch RPC
+    out = kernel.execute("import torch.distributed.rpc\nimport rpcnb.serialize as s\n"
+                         "print(s.is_installed())")
+    assert out.stdout.split() == ["True"]
+
+
+def test_device_map_is_checked_before_anything_starts(kernel):
+    kernel.execute("%load_ext rpcnb")
+    before = set(children_of(kernel.pid))
+    bad = kernel.execute("%rpc_init --workers 1 --device-map 1_0_1", allow_error=True)
+    assert "this machine has no CUDA devices" in bad.traceback
+    assert set(children_of(kernel.pid)) == before  # nothing was started
+    dup = kernel.execute("%rpc_init --workers 2 --device-map 1_0_1,2_0_1", allow_error=True)
+    assert "duplicated target device" in dup.traceback or "no CUDA" in dup.traceback
+    kernel.execute("%rpc_init --workers 1 --device-map \"{'worker1': {'cpu': 'cpu'}}\"")
+    maps = kernel.value("{k: {str(a): str(b) for a, b in v.items()} for k, v in __import__("
+                        "'torch').distributed.rpc.api._get_current_rpc_agent()"
+                        "._get_backend_options().device_maps.items()}")
+    assert maps == {"worker1": {"cpu": "cpu"}}
+    assert kernel.execute("%%remote worker1 --fetch\n3").text == "3"
 
 
 def test_init_prints_group_and_join_line(kernel):
