@@ -83,6 +83,39 @@ def _split_line_form(line: str) -> tuple[str, str]:
         return head, line[pos:].strip()
 
 
+def _parse(func: Any, line: str) -> Any:
+    try:
+        return parse_argstring(func, line)
+    except ValueError as exc:  # e.g. an unbalanced quote
+        raise UsageError(f"Cannot read the magic's arguments ({exc}): check the quotes.")
+
+
+def parse_init_line(line: str) -> Any:
+    """%rpc_init's flags; a UsageError for anything malformed."""
+    return _parse(RpcMagics.rpc_init, line)
+
+
+def parse_remote_line(line: str, cell: str | None) -> tuple[Any, str]:
+    """%remote / %%remote's flags and code; a UsageError for anything malformed."""
+    if cell is None:
+        flags, code = _split_line_form(line)
+        args = _parse(RpcMagics.remote, flags)
+        if not code.strip():
+            raise UsageError(NO_EXPR)
+    else:
+        args = _parse(RpcMagics.remote, line)
+        code = cell
+    if args.all and args.target:
+        raise UsageError(f"Give either --all or worker names ({args.target!r}), not both.")
+    if not args.all and not args.target:
+        raise UsageError(NO_TARGET)
+    if args.output is not None and not args.output.isidentifier():
+        raise UsageError(BAD_OUTPUT_NAME.format(name=args.output))
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout}.")
+    return args, code
+
+
 @magics_class
 class RpcMagics(Magics):
     """%rpc_init, %%remote, %remote, %rpc_workers, %rpc_shutdown."""
@@ -104,7 +137,7 @@ class RpcMagics(Magics):
         """Start an RPC group with this kernel as worker0, or join one."""
         from rpcnb import session
 
-        args = parse_argstring(self.rpc_init, line)
+        args = parse_init_line(line)
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
@@ -135,14 +168,7 @@ class RpcMagics(Magics):
     @line_cell_magic
     def remote(self, line: str, cell: str | None = None) -> Any:
         """Run a cell (or, as %remote WORKER EXPR, one expression) on worker(s)."""
-        if cell is None:
-            flags, code = _split_line_form(line)
-            args = parse_argstring(self.remote, flags)
-            if not code.strip():
-                raise UsageError(NO_EXPR)
-        else:
-            args = parse_argstring(self.remote, line)
-            code = cell
+        args, code = parse_remote_line(line, cell)
         return self._run(args, code)
 
     def _user_ns(self) -> dict[str, Any]:
@@ -152,12 +178,6 @@ class RpcMagics(Magics):
     def _run(self, args: Any, code: str) -> Any:
         from rpcnb import session
 
-        if args.all and args.target:
-            raise UsageError(f"Give either --all or worker names ({args.target!r}), not both.")
-        if not args.all and not args.target:
-            raise UsageError(NO_TARGET)
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(BAD_OUTPUT_NAME.format(name=args.output))
         user_ns = self._user_ns()
         push = {}
         for name in _csv(args.push) or []:
@@ -196,7 +216,7 @@ class RpcMagics(Magics):
         """Leave the group: workers first, this kernel last. Never hangs."""
         from rpcnb import session
 
-        args = parse_argstring(self.rpc_shutdown, line)
+        args = _parse(self.rpc_shutdown, line)
         if not session.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
         session.shutdown(timeout=args.timeout)
