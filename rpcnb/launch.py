@@ -64,6 +64,14 @@ class LocalWorker:
     def how_died(self) -> str:
         return how_died(self.proc.poll())
 
+    def stopped(self) -> bool:
+        """True while the process is stopped (SIGSTOP, a debugger): it answers nothing."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except OSError:
+            return False
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace")

@@ -105,6 +105,8 @@ class _Call:
     result: Any = None
     error: BaseException | None = None
     done: bool = False
+    warned: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 class _Session:
@@ -823,8 +825,19 @@ def _wait(s: _Session, calls: dict[str, _Call], inbox: queue.Queue[Any],
                                                           timeout=timeout))
 
 
+STOPPED_NOTICE = (
+    "rpcnb: {name} (pid {pid}) is stopped (SIGSTOP or a debugger), so the cell waits: "
+    "`kill -CONT {pid}` resumes it; interrupt the kernel to give up."
+)
+
+
 def _check_call(s: _Session, call: _Call) -> None:
     """Finish ``call`` if its future is done or its worker is known dead."""
+    proc = s.procs.get(call.worker)
+    if proc is not None and not call.warned and time.monotonic() - call.started > 1.0 \
+            and proc.stopped():
+        call.warned = True
+        print(STOPPED_NOTICE.format(name=call.worker, pid=proc.pid), file=sys.stderr)
     fut = call.future
     if fut.done():
         call.done = True
@@ -987,6 +1000,8 @@ def shutdown(timeout: float = 10.0) -> None:
     for name in others:
         if name in s.procs:
             s.procs[name].left = True
+            if s.procs[name].stopped():  # it cannot leave; do not wait for it
+                s.procs[name].stop(grace=0.2)
         try:
             rpc.rpc_async(name, worker._leave, timeout=5)
         except Exception:
@@ -994,7 +1009,8 @@ def shutdown(timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     agent = rpc.api._get_current_rpc_agent()
     while time.monotonic() < deadline:
-        remaining = {w.name for w in agent.get_worker_infos()} - {s.name} - set(s.dead)
+        gone = {n for n, w in s.procs.items() if not w.alive()}
+        remaining = {w.name for w in agent.get_worker_infos()} - {s.name} - set(s.dead) - gone
         if not remaining:
             break
         time.sleep(0.05)

@@ -1,0 +1,110 @@
+"""Faults, each with real processes: the group stays usable (or goes cleanly), and the
+surviving namespaces stay intact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from conftest import pid_alive, worker_pids
+
+
+def test_idle_worker_killed_then_a_new_member_joins(group, kernel_factory):
+    pids = worker_pids(group)
+    group.execute("%%remote worker2\nsurvivor = 'intact'")
+    os.kill(pids["worker1"], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while "killed by SIGKILL" not in group.execute("%rpc_workers").text:
+        assert time.monotonic() < deadline, "the death was not noticed within 5 s"
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    out = group.execute("%%remote worker1\n1", allow_error=True)
+    assert time.monotonic() - t0 < 2
+    assert "Worker 'worker1' died (killed by SIGKILL)" in out.traceback
+    assert group.execute("%%remote worker2 --fetch\nsurvivor").text == "'intact'"
+    # a member joining after the crash is not poisoned by the dead one
+    join_line = next(ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
+                     if ln.strip().startswith("%rpc_init --join")).replace("NAME", "late")
+    late = kernel_factory()
+    late.execute("%load_ext rpcnb")
+    t0 = time.monotonic()
+    late.execute(join_line)
+    assert time.monotonic() - t0 < 15
+    assert group.execute("%%remote late --fetch\n'joined'").text == "'joined'"
+    assert late.execute("%%remote worker2 --fetch\nsurvivor").text == "'intact'"
+    t0 = time.monotonic()
+    group.execute("%rpc_shutdown")
+    assert time.monotonic() - t0 < 15
+
+
+def test_frozen_worker_times_out_and_shutdown_is_bounded(group):
+    pids = worker_pids(group)
+    os.kill(pids["worker1"], signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        out = group.execute("%%remote worker1 --timeout 2\n1", allow_error=True, timeout=30)
+        assert time.monotonic() - t0 < 8
+        assert "did not finish within 2 s" in out.traceback
+        assert "is stopped" in out.stderr  # and the notice said why
+        assert group.execute("%%remote worker2 --fetch\n'fine'").text == "'fine'"
+        t0 = time.monotonic()
+        group.execute("%rpc_shutdown", timeout=60)
+        assert time.monotonic() - t0 < 15
+        assert not pid_alive(pids["worker1"]) and not pid_alive(pids["worker2"])
+    finally:
+        if pid_alive(pids["worker1"]):
+            os.kill(pids["worker1"], signal.SIGCONT)
+
+
+def test_many_concurrent_calls_and_cells_lose_nothing(group):
+    out = group.execute(
+        "import torch.distributed.rpc as rpc\n"
+        "def square(i):\n    return i * i\n"
+        "futs = [rpc.rpc_async(f'worker{1 + i % 2}', square, args=(i,)) for i in range(200)]\n"
+        "print(all(f.wait() == i * i for i, f in enumerate(futs)))"
+    )
+    assert out.stdout.strip() == "True"
+    cells = group.execute(
+        "%%remote --all\nimport sys\nfor i in range(300):\n    print('line', i)\n"
+        "    if i % 100 == 0:\n        print('err', i, file=sys.stderr)"
+    )
+    for w in ("worker1", "worker2"):
+        lines = [ln for ln in cells.stdout.splitlines() if ln.startswith(f"[{w}] ")]
+        assert lines == [f"[{w}] line {i}" for i in range(300)]
+        assert cells.stderr.count(f"[{w}] err") == 3
+    # 40 API calls from threads at once, on both workers
+    out = group.execute(
+        "import rpcnb, concurrent.futures as cf\n"
+        "def one(i):\n    return rpcnb.run(f'worker{1 + i % 2}', f'{i} * 2', fetch=True)\n"
+        "with cf.ThreadPoolExecutor(40) as ex:\n"
+        "    got = list(ex.map(one, range(40)))\n"
+        "print(got == [i * 2 for i in range(40)])", timeout=120
+    )
+    assert out.stdout.strip().endswith("True")
+
+
+def test_unpicklable_result_and_syntax_error(group):
+    group.execute("%%remote worker1\nkeep = 5")
+    out = group.execute("%%remote worker1 --fetch\nimport threading\nthreading.Lock()",
+                        allow_error=True)
+    assert "cannot be sent back" in out.traceback and "Leave out --fetch" in out.traceback
+    ok = group.execute("%%remote worker1\nimport threading\nthreading.Lock()")
+    assert ok.text.startswith("RRef on worker1: _thread.lock")
+    bad = group.execute("%%remote worker1\nx = (1,\ny = 2\n", allow_error=True)
+    assert "SyntaxError" in bad.traceback and "<worker1 cell" in bad.traceback
+    assert group.execute("%%remote worker1 --fetch\nkeep").text == "5"
+
+
+def test_join_errors_are_clear_and_leave_nothing(kernel):
+    kernel.execute("%load_ext rpcnb")
+    t0 = time.monotonic()
+    out = kernel.execute("%rpc_init --join file:///nonexistent/rpcnb/store --name bob",
+                         allow_error=True)
+    assert time.monotonic() - t0 < 5
+    assert "No rpcnb group answers at" in out.traceback
+    out = kernel.execute("%rpc_init --join file:///tmp/x --name 'bad name'", allow_error=True)
+    assert "not a valid worker name" in out.traceback
+    out = kernel.execute("%rpc_init --join file:///tmp/x", allow_error=True)
+    assert "--join needs --name" in out.traceback
+    assert kernel.value("__import__('rpcnb.session').session.is_initialized()") is False
