@@ -32,7 +32,11 @@ def describe_rref(rref: Any) -> tuple[str, dict[str, Any] | None, str]:
             return owner, worker.describe(rref.local_value()), ""
         import torch.distributed.rpc as rpc
 
-        return owner, rpc.rpc_sync(owner, worker._describe_rref, args=(rref,), timeout=5), ""
+        from rpcnb import session
+
+        token = session.current().token
+        info = rpc.rpc_sync(owner, worker._describe_rref, args=(token, rref), timeout=5)
+        return owner, info, ""
     except Exception as exc:
         return owner, None, f"unreachable: {str(exc).splitlines()[0] if str(exc) else exc!r}"
 

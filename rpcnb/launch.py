@@ -97,9 +97,10 @@ class LocalWorker:
 
 
 def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir: Path,
-                 options: dict[str, Any]) -> LocalWorker:
+                 options: dict[str, Any], secret: str) -> LocalWorker:
     env = apply_quiet_env(dict(os.environ))
     env["PYTHONUNBUFFERED"] = "1"
+    env["RPCNB_SECRET"] = secret  # in the environment, not on the command line (ps)
     log_path = group_dir / f"{name}.log"
     cmd = [
         sys.executable, "-c", "from rpcnb.worker import main; main()",

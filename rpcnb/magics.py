@@ -16,6 +16,7 @@ NO_EXPR = "Give the expression to run: %remote worker1 EXPR (or use %%remote for
 PUSH_MISSING = "--push: there is no variable {name!r} in this notebook to send."
 JOIN_NEEDS_NAME = "--join needs --name: the name this kernel takes in the group, e.g. --name alice."
 JOIN_NO_WORKERS = "--join and --workers do not go together: the group's first kernel starts the workers."
+JOIN_NO_LISTEN = "--port/--host/--allow-remote are for the group's first kernel, not with --join."
 BAD_OUTPUT_NAME = "-o {name!r} is not a valid Python variable name."
 
 # Options of the remote magics that take a value (for splitting the line form).
@@ -130,6 +131,13 @@ class RpcMagics(Magics):
     @argument("--transports", default=None, help="TensorPipe transports to allow, e.g. uv,shm")
     @argument("--device-map", default=None, metavar="SPEC",
               help="this kernel's device map: {'worker1': {0: 1}} or DI-engine's 1_0_1,2_0_2")
+    @argument("--token", default=None, help="with --join tcp://HOST:PORT: the group's token")
+    @argument("--port", type=int, default=None,
+              help="meet over TCP on this port (0: any free one) instead of a private file")
+    @argument("--host", default=None,
+              help="with --port: the address to listen on (default 127.0.0.1)")
+    @argument("--allow-remote", action="store_true",
+              help="accept a --host that other machines can reach")
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
     @line_magic
@@ -153,12 +161,20 @@ class RpcMagics(Magics):
                     raise UsageError(JOIN_NO_WORKERS)
                 if args.channels or args.transports:
                     raise UsageError("--channels/--transports are set by the group's first kernel.")
-                group = session.join(args.join, args.name, shm=not args.no_shm, **kwargs)
+                if args.port is not None or args.host or args.allow_remote:
+                    raise UsageError(JOIN_NO_LISTEN)
+                group = session.join(args.join, args.name, token=args.token,
+                                     shm=not args.no_shm, **kwargs)
             else:
+                if args.token:
+                    raise UsageError("--token goes with --join; a new group makes its own.")
+                if args.host and args.port is None:
+                    raise UsageError("--host goes with --port: the address the group listens on.")
                 group = session.init(args.workers, name=args.name or "worker0",
                                      channels=_csv(args.channels),
                                      transports=_csv(args.transports), shm=not args.no_shm,
-                                     **kwargs)
+                                     port=args.port, host=args.host or "127.0.0.1",
+                                     allow_remote=args.allow_remote, **kwargs)
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         print(group)

@@ -10,6 +10,7 @@ kernel removes it from the group so later joins and the final shutdown do not ha
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import queue
 import re
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpcnb import errors, launch, telemetry
+from rpcnb import errors, launch, rendezvous, telemetry
 from rpcnb.errors import RemoteError, RpcnbError, WorkerDiedError
 
 DEFAULT_THREADS = 16
@@ -34,7 +35,6 @@ START_TIMEOUT = 120.0
 INTERRUPT_GRACE = 3.0  # seconds a cell gets to stop after an interrupt
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 _TOKEN_KEY = "RpcGroupManagementToken"
-_STORE_PREFIX = "rpc_prefix_0"
 ALL = "--all"
 
 
@@ -63,8 +63,9 @@ class Group:
 
     me: str
     leader: str
-    address: str
+    address: str  # the connection file (or tcp:// address) another kernel joins with
     members: list[Member]
+    remote: bool = False  # reachable from other hosts (--allow-remote)
 
     @property
     def join_line(self) -> str:
@@ -88,7 +89,9 @@ class Group:
         return (f"rpcnb group of {sum(m.alive for m in self.members)} "
                 f"(this process is {self.me}, {self.leader} holds the rendezvous)\n"
                 f"{self.table()}\n"
-                f"Join from another kernel on this host:\n  {self.join_line}")
+                f"Join from another kernel on this host:\n  {self.join_line}"
+                + ("\nFrom another host: %rpc_init --join tcp://HOST:PORT --token TOKEN "
+                   "--name NAME (the token is in the connection file)" if self.remote else ""))
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
@@ -111,8 +114,13 @@ class _Call:
 
 class _Session:
     def __init__(self, name: str, rank: int, leader: str, init_method: str,
-                 options: dict[str, Any], group_dir: Path | None, runner: Any) -> None:
+                 options: dict[str, Any], group_dir: Path | None, runner: Any,
+                 secret: str = "") -> None:
         self.name = name
+        self.secret = secret
+        self.token = rendezvous.call_token(secret)
+        self.connection_path: Path | None = None
+        self.listen: tuple[str, int] | None = None  # a TCP store this process serves
         self.rank = rank
         self.leader = leader
         self.init_method = init_method
@@ -132,11 +140,24 @@ class _Session:
         return self.name == self.leader
 
     def live_names(self) -> list[str]:
+        """Members that are alive and admitted (proved they know the group's secret)."""
+        infos = sorted(_agent().get_worker_infos(), key=lambda w: w.id)
+        names = [w.name for w in infos if w.name not in self.dead]
+        if not self.is_leader and any(n not in self.members for n in names):
+            self.refresh_registry()
+        return [n for n in names if n in self.members]
+
+    def refresh_registry(self) -> None:
+        """Non-leaders learn who was admitted from the leader."""
         import torch.distributed.rpc as rpc
 
-        agent = rpc.api._get_current_rpc_agent()
-        infos = sorted(agent.get_worker_infos(), key=lambda w: w.id)
-        return [w.name for w in infos if w.name not in self.dead]
+        try:
+            admitted = rpc.rpc_sync(self.leader, _registry, args=(self.token,), timeout=5)
+        except Exception:
+            return
+        with self.lock:
+            for name, rank in admitted:
+                self.members.setdefault(name, Member(name, rank))
 
 
 _session: _Session | None = None
@@ -212,22 +233,6 @@ def validate_options(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RP
     return opts
 
 
-def _open_store(init_method: str, timeout: float = 10.0) -> Any:
-    """The group's store, as a client, under the prefix torch uses for the first init."""
-    import datetime
-
-    import torch.distributed as dist
-
-    if not init_method.startswith("file://"):
-        raise ValueError(f"Unsupported rendezvous address {init_method!r}: use file://PATH.")
-    path = init_method[len("file://"):]
-    if not os.path.exists(path):
-        raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=init_method))
-    store = dist.FileStore(path, -1)
-    store.set_timeout(datetime.timedelta(seconds=timeout))
-    return dist.PrefixStore(_STORE_PREFIX, store)
-
-
 def _claim_name(store: Any, name: str) -> None:
     mine = f"{os.getpid()}-{uuid.uuid4().hex}"
     got = store.compare_set(f"rpcnb/used/{name}", "", mine).decode()
@@ -236,8 +241,12 @@ def _claim_name(store: Any, name: str) -> None:
 
 
 def start_member(name: str, rank: int, init_method: str, options: dict[str, Any], *,
-                 leader: str, runner: Any, group_dir: Path | None = None) -> _Session:
-    """init_rpc with dynamic membership and make this process an rpcnb member."""
+                 leader: str, runner: Any, secret: str, group_dir: Path | None = None,
+                 store: Any = None) -> _Session:
+    """init_rpc with dynamic membership and make this process an rpcnb member.
+
+    ``store``: a store this process serves itself (the leader of a TCP group); otherwise
+    torch connects to ``init_method``."""
     global _session
     launch.apply_quiet_env()
     import torch.distributed.rpc as rpc
@@ -250,18 +259,39 @@ def start_member(name: str, rank: int, init_method: str, options: dict[str, Any]
     # torch prefixes the store with a per-process init counter; every rpcnb group uses a
     # fresh store, so a kernel re-initialising after shutdown must start from 0 again.
     rpc._init_counter = 0  # type: ignore[attr-defined]
-    rpc.init_rpc(name, rank=rank, rpc_backend_options=_rpc_options(options, init_method))
-    if options.get("shm", True):
-        # A file:// rendezvous means every member shares this host's file system.
+    backend_options = _rpc_options(options, init_method)
+    if store is None:
+        rpc.init_rpc(name, rank=rank, rpc_backend_options=backend_options)
+    else:
+        _init_rpc_with_store(name, rank, store, backend_options)
+    if options.get("shm", True) and options.get("one_host", True):
         shm.activate(_group_id(init_method))
-    _session = _Session(name, rank, leader, init_method, options, group_dir, runner)
+    _session = _Session(name, rank, leader, init_method, options, group_dir, runner, secret)
     worker._runner = runner
     return _session
 
 
+def _init_rpc_with_store(name: str, rank: int, store: Any, options: Any) -> None:
+    """rpc.init_rpc for a dynamic group, on a store we made (bound to one address)."""
+    import datetime
+
+    import torch.distributed as dist
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc import backend_registry
+
+    store.set_timeout(datetime.timedelta(seconds=options.rpc_timeout))
+    prefixed = dist.PrefixStore(rendezvous.STORE_PREFIX, store)
+    rpc._init_counter = 1  # type: ignore[attr-defined]  # as init_rpc leaves it
+    dist_autograd._init(rank)
+    rpc._set_profiler_node_id(rank)  # type: ignore[attr-defined]
+    rpc._init_rpc_backend(backend_registry.BackendType.TENSORPIPE,  # type: ignore[attr-defined]
+                          prefixed, name, rank, None, options)
+
+
 def _group_id(init_method: str) -> str:
-    """A short id of the group, from its rendezvous directory's name."""
-    return Path(init_method[len("file://"):]).parent.name.removeprefix("rpcnb-")
+    """A short id of the group (names its shared-memory buffers)."""
+    return rendezvous.Connection(init_method, "", "").group_id
 
 
 def _kernel_runner(name: str) -> Any:
@@ -292,13 +322,16 @@ def _shell() -> Any:
 def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THREADS,
          timeout: float = DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
          transports: Iterable[str] | None = None, shm: bool = True,
-         device_map: Any = None) -> Group:
+         device_map: Any = None, port: int | None = None, host: str = "127.0.0.1",
+         allow_remote: bool = False) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. ``device_map`` (torch's dict form or
     DI-engine's ``"1_0_1"`` string) is this process's map, checked before anything
-    starts. The rendezvous is a file in a private temporary directory, so the group is
-    reachable from this host only.
+    starts. By default the rendezvous is a file in a private temporary directory, so the
+    group is reachable from this host only; ``port`` serves it over TCP on ``host``
+    (loopback unless ``allow_remote``). Either way a random secret, kept in the connection
+    file, is needed to join.
     """
     launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if _session is not None:
@@ -314,14 +347,38 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
     if device_map is not None:
         ranks = {0: name, **{i: n for i, n in enumerate(names, start=1)}}
         options["device_map"] = check_device_map(device_map, name, ranks)
+    if port is not None and not (isinstance(port, int) and 0 <= port < 65536):
+        raise ValueError(f"--port must be a TCP port number (0-65535), not {port!r}.")
+    host = rendezvous.check_host(host, allow_remote)
+    remote = not ipaddress.ip_address(host).is_loopback
+    if remote:
+        options["one_host"] = False  # members may join from elsewhere: no shared memory
+        iface = rendezvous.interface_of(host)
+    if port is None and (remote or allow_remote):
+        raise ValueError("--host/--allow-remote need --port: a group reachable from other "
+                         "hosts meets over TCP.")
 
+    secret = rendezvous.new_secret()
     group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
-    init_method = f"file://{group_dir / 'store'}"
     session: _Session | None = None
     try:
+        own_store = None
+        if port is None:
+            init_method = f"file://{group_dir / 'store'}"
+        else:
+            own_store, port = rendezvous.serve_store(host, port, options["timeout"])
+            init_method = f"tcp://{host}:{port}"
+            if remote:
+                os.environ["TP_SOCKET_IFNAME"] = iface  # TensorPipe listens there too
+        conn = rendezvous.Connection(init_method, secret, name)
         runner = _kernel_runner(name)
         session = start_member(name, 0, init_method, options, leader=name, runner=runner,
-                               group_dir=group_dir)
+                               group_dir=group_dir, secret=secret, store=own_store)
+        session.connection_path = rendezvous.write_connection(group_dir, conn)
+        if port is not None:
+            session.listen = (host, port)
+        if remote:
+            print(rendezvous.REMOTE_EXPOSES.format(host=host, port=port, iface=iface))
         store = _agent_store()
         store.set("rpcnb/leader", name)
         _claim_name(store, name)
@@ -331,7 +388,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
             _claim_name(store, wname)
             rank = int(store.add("rpcnb/next_rank", 1))
             session.procs[wname] = launch.start_worker(wname, rank, init_method, name,
-                                                       group_dir, options)
+                                                       group_dir, options, secret)
         _wait_joined(session, list(session.procs.values()))
         for w in session.procs.values():
             session.members[w.name] = Member(w.name, w.rank, socket.gethostname(), w.pid,
@@ -404,16 +461,21 @@ def _abort(session: _Session | None, group_dir: Path | None) -> None:
         shutil.rmtree(group_dir, ignore_errors=True)
 
 
-def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
-         timeout: float | None = None, shm: bool = True, device_map: Any = None) -> Group:
-    """Join the group at ``address`` as ``name``; remote cells run in this namespace."""
+def join(address: str, name: str, *, token: str | None = None,
+         threads: int = DEFAULT_THREADS, timeout: float | None = None, shm: bool = True,
+         device_map: Any = None) -> Group:
+    """Join a group as ``name``; remote cells sent to ``name`` run in this namespace.
+
+    ``address`` is the connection file %rpc_init printed (or its directory, or the
+    file:// store beside it); from another host, ``tcp://HOST:PORT`` with ``token``.
+    """
     launch.apply_quiet_env()
     if _session is not None:
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_session.name))
     _check_name(name)
     mapped = check_device_map(device_map, name) if device_map is not None else None
-    init_method = address if address.startswith("file://") else f"file://{address}"
-    store = _open_store(init_method)
+    conn = rendezvous.read_connection(address, token)
+    store = rendezvous.open_store(conn.address)
     try:
         leader = store.get("rpcnb/leader").decode()
     except Exception as exc:
@@ -422,11 +484,17 @@ def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
     rank = int(store.add("rpcnb/next_rank", 1))
     opts = validate_options(threads, timeout if timeout is not None else DEFAULT_RPC_TIMEOUT)
     opts["shm"] = shm
+    if conn.is_tcp:
+        host, _, port = conn.address[len("tcp://"):].rpartition(":")
+        if not ipaddress.ip_address(host.strip("[]")).is_loopback:
+            opts["one_host"] = False
+            os.environ["TP_SOCKET_IFNAME"] = rendezvous.interface_towards(host, int(port))
     if mapped:
         opts["device_map"] = mapped
     runner = _kernel_runner(name)
     try:
-        session = start_member(name, rank, init_method, opts, leader=leader, runner=runner)
+        session = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
+                               secret=conn.secret)
     except BaseException:
         runner.stop()
         raise
@@ -434,22 +502,65 @@ def join(address: str, name: str, *, threads: int = DEFAULT_THREADS,
 
     from rpcnb import worker
 
+    info = worker.self_info()
+    try:
+        admitted = rpc.rpc_sync(leader, _register, timeout=10, args=(
+            name, rank, info, rendezvous.proof(conn.secret, name, rank)))
+    except Exception:
+        admitted = None
+    if not admitted:
+        _refuse_locally(session)
+        raise RpcnbError(rendezvous.REFUSED.format(leader=leader))
     worker._leave_hook = lambda: leave_group()
-    info = worker._describe_self()
-    rpc.rpc_sync(leader, _register, args=(name, rank, info), timeout=10)
-    session.members[name] = Member(name, rank, info["host"], info["pid"], "kernel",
-                                   info["devices"])
+    with session.lock:
+        for other, other_rank in admitted:
+            session.members.setdefault(other, Member(other, other_rank))
+        session.members[name] = Member(name, rank, info["host"], info["pid"], "kernel",
+                                       info["devices"])
     return group()
 
 
-def _register(name: str, rank: int, info: dict[str, Any]) -> None:
-    """On the leader: a kernel joined; watch its pid if it runs on this host."""
+def _refuse_locally(s: _Session) -> None:
+    """A refused joiner leaves at once (the leader already dropped it from the group)."""
+    global _session
+    from rpcnb import shm
+
+    s.closing = True
+    _local_shutdown(graceful=False, timeout=5)
+    shm.deactivate()
+    if s.runner is not None:
+        s.runner.stop()
+    _session = None
+
+
+def _register(name: str, rank: int, info: dict[str, Any], proof: str) -> Any:
+    """On the leader: a kernel asks to be admitted. Without the secret it is dropped from
+    the group before rpcnb lists it or sends it anything; with it, it is watched (pid)."""
     s = _session
     if s is None:
-        return
+        return None
+    if not rendezvous.verify(rendezvous.proof(s.secret, name, rank), proof):
+        threading.Thread(target=_forget_member, args=(name,), daemon=True).start()
+        return None
     with s.lock:
         s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
                                  info["devices"])
+        return [(m.name, m.rank) for m in s.members.values()]
+
+
+def _registry(token: str) -> list[tuple[str, int]]:
+    """On the leader: who was admitted (for other members' ``live_names``)."""
+    s = verified(token)
+    with s.lock:
+        return [(m.name, m.rank) for m in s.members.values() if m.alive]
+
+
+def verified(token: str) -> _Session:
+    """The session, if ``token`` is the group's; every rpcnb request goes through this."""
+    s = _session
+    if s is None or not rendezvous.verify(s.token, token):
+        raise PermissionError(rendezvous.BAD_TOKEN)
+    return s
 
 
 def _pid_alive(pid: int) -> bool:
@@ -503,11 +614,9 @@ def _mark_dead(s: _Session, name: str, how: str) -> None:
                 call.inbox.put(("__dead__", name, -1, []))
 
 
-def _member_died(name: str, how: str) -> None:
+def _member_died(token: str, name: str, how: str) -> None:
     """On any member: the leader says ``name`` died."""
-    s = _session
-    if s is not None:
-        _mark_dead(s, name, how)
+    _mark_dead(verified(token), name, how)
 
 
 def _broadcast_death(s: _Session, name: str, how: str) -> None:
@@ -516,7 +625,7 @@ def _broadcast_death(s: _Session, name: str, how: str) -> None:
     for other in s.live_names():
         if other not in (s.name, name):
             try:
-                rpc.rpc_async(other, _member_died, args=(name, how), timeout=5)
+                rpc.rpc_async(other, _member_died, args=(s.token, name, how), timeout=5)
             except Exception:
                 pass
 
@@ -650,7 +759,8 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             calls[call.call_id] = call
             call.future = rpc.rpc_async(
                 name, worker._run_cell,
-                args=(call.call_id, s.name, source, fetch, dict(push or {})), timeout=0,
+                args=(s.token, call.call_id, s.name, source, fetch, dict(push or {})),
+                timeout=0,
             )
             call.future.add_done_callback(
                 lambda _f, cid=call.call_id: inbox.put(("__done__", cid, -1, [])))
@@ -726,11 +836,10 @@ class _Printer:
             pass
 
 
-def _deliver(call_id: str | None, worker: str, seq: int, items: list[Any]) -> None:
+def _deliver(token: str, call_id: str | None, worker: str, seq: int,
+             items: list[Any]) -> None:
     """RPC target on the caller: a batch of a remote cell's output."""
-    s = _session
-    if s is None:
-        return
+    s = verified(token)
     if call_id is None:  # output of a worker outside any cell: show it where we are
         printer = _Printer(prefix=True)
         for kind, payload in items:
@@ -782,7 +891,8 @@ def _wait(s: _Session, calls: dict[str, _Call], inbox: queue.Queue[Any],
         for c in calls.values():
             if not c.done and c.worker not in s.dead:
                 try:
-                    rpc.rpc_async(c.worker, worker._interrupt, args=(c.call_id,), timeout=5)
+                    rpc.rpc_async(c.worker, worker._interrupt, args=(s.token, c.call_id),
+                                  timeout=5)
                 except Exception:
                     pass
 
@@ -887,7 +997,7 @@ def interrupt(worker: str) -> None:
     with s.lock:
         ids = [c.call_id for c in s.calls.values() if c.worker == worker]
     for cid in ids:
-        rpc.rpc_sync(worker, w._interrupt, args=(cid,), timeout=5)
+        rpc.rpc_sync(worker, w._interrupt, args=(s.token, cid), timeout=5)
 
 
 # --------------------------------------------------------------------------- group view
@@ -901,14 +1011,16 @@ def group(refresh: bool = True) -> Group:
 
     s = _require()
     agent = rpc.api._get_current_rpc_agent()
-    infos = {w.name: w.id for w in agent.get_worker_infos()}
+    admitted = set(s.live_names()) | {s.name}
+    infos = {w.name: w.id for w in agent.get_worker_infos() if w.name in admitted}
     futs = {}
     if refresh:
         for name in infos:
             if name != s.name and name not in s.dead:
                 try:
                     futs[name] = (time.perf_counter(),
-                                  rpc.rpc_async(name, worker._describe_self, timeout=5))
+                                  rpc.rpc_async(name, worker._describe_self,
+                                                args=(s.token,), timeout=5))
                 except Exception:
                     pass
     for name, (t0, fut) in futs.items():
@@ -937,7 +1049,8 @@ def group(refresh: bool = True) -> Group:
             m.calls, m.recent_ms = stats["calls"], stats["recent_ms"]
             rows.append(m)
     rows.sort(key=lambda m: m.rank)
-    return Group(s.name, s.leader, s.init_method, rows)
+    address = str(s.connection_path) if s.connection_path else s.init_method
+    return Group(s.name, s.leader, address, rows, remote=bool(s.options.get("one_host") is False))
 
 
 # --------------------------------------------------------------------------- leaving
@@ -1003,7 +1116,7 @@ def shutdown(timeout: float = 10.0) -> None:
             if s.procs[name].stopped():  # it cannot leave; do not wait for it
                 s.procs[name].stop(grace=0.2)
         try:
-            rpc.rpc_async(name, worker._leave, timeout=5)
+            rpc.rpc_async(name, worker._leave, args=(s.token,), timeout=5)
         except Exception:
             pass
     deadline = time.monotonic() + timeout

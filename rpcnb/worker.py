@@ -94,8 +94,9 @@ def describe(value: Any) -> dict[str, Any]:
 class Capture:
     """Output of one remote cell, batched and sent to the caller as it arrives."""
 
-    def __init__(self, call_id: str | None, caller: str, worker: str) -> None:
+    def __init__(self, call_id: str | None, caller: str, worker: str, token: str) -> None:
         self.call_id = call_id
+        self.token = token
         self.caller = caller
         self.worker = worker
         self._lock = threading.Lock()
@@ -128,7 +129,8 @@ class Capture:
 
         try:
             fut = rpc.rpc_async(
-                self.caller, session._deliver, args=(self.call_id, self.worker, seq, items)
+                self.caller, session._deliver,
+                args=(self.token, self.call_id, self.worker, seq, items),
             )
         except Exception:
             return  # the caller is gone; nobody is left to show this output
@@ -244,6 +246,7 @@ def install_routing(shell: Any) -> None:
 
 @dataclass
 class _Job:
+    token: str
     call_id: str
     caller: str
     source: str
@@ -323,7 +326,7 @@ class CellRunner:
             return
         self.cells_run += 1
         job.filename = f"<{self.name} cell {self.cells_run}>"
-        cap = Capture(job.call_id, job.caller, self.name)
+        cap = Capture(job.call_id, job.caller, self.name, job.token)
         _local.capture = cap
         tid = threading.get_ident()
         with _active_lock:
@@ -442,23 +445,38 @@ def _get_runner() -> CellRunner:
     return _runner
 
 
+def _verify(token: str) -> None:
+    from rpcnb import session
+
+    session.verified(token)
+
+
 @rpc.functions.async_execution
-def _run_cell(call_id: str, caller: str, source: str, fetch: bool,
+def _run_cell(token: str, call_id: str, caller: str, source: str, fetch: bool,
               push: dict[str, Any]) -> torch.futures.Future:
+    _verify(token)
     fut: torch.futures.Future = torch.futures.Future()
-    _get_runner().submit(_Job(call_id, caller, source, fetch, push, fut))
+    _get_runner().submit(_Job(token, call_id, caller, source, fetch, push, fut))
     return fut
 
 
-def _interrupt(call_id: str) -> bool:
+def _interrupt(token: str, call_id: str) -> bool:
+    _verify(token)
     return _get_runner().interrupt(call_id)
 
 
-def _describe_rref(rref: Any) -> dict[str, Any]:
+def _describe_rref(token: str, rref: Any) -> dict[str, Any]:
+    _verify(token)
     return describe(rref.local_value())
 
 
-def _describe_self() -> dict[str, Any]:
+def _describe_self(token: str) -> dict[str, Any]:
+    _verify(token)
+    return self_info()
+
+
+def self_info() -> dict[str, Any]:
+    """This member's pid, host, kind and devices."""
     runner = _runner
     return {
         "pid": os.getpid(),
@@ -471,8 +489,9 @@ def _describe_self() -> dict[str, Any]:
     }
 
 
-def _leave() -> bool:
+def _leave(token: str) -> bool:
     """Asked by the group's first kernel: leave the group, then (process) exit."""
+    _verify(token)
     if _leave_hook is None:
         return False
     threading.Thread(target=_leave_hook, name="rpcnb-leave", daemon=True).start()
@@ -530,9 +549,10 @@ def main(argv: list[str] | None = None) -> None:
             _get_runner().stop()
 
     _leave_hook = leave
-    session.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
-                         leader=args.leader, runner=_runner)
-    _background = Capture(None, args.leader, args.name)
+    secret = os.environ.pop("RPCNB_SECRET", "")
+    s = session.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
+                             leader=args.leader, runner=_runner, secret=secret)
+    _background = Capture(None, args.leader, args.name, s.token)
     _runner.run_forever(on_main=True)
     done.wait(15)
     sys.stdout.flush()

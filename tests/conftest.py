@@ -164,7 +164,9 @@ def kernel_factory():
     yield make
     for k in started:
         k.close()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
+    while time.monotonic() < deadline and any(pid_alive(p) for k in started for p in k.known):
+        time.sleep(0.05)
     alive = [p for k in started for p in k.known if pid_alive(p)]
     assert not alive, f"processes left running: {alive}"
 

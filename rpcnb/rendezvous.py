@@ -1,0 +1,218 @@
+"""Where a group meets, and who may enter: the rendezvous store, the connection file and
+the group secret.
+
+By default the store is a file in a private directory (``file://``): it listens nowhere
+and only this user can reach it. ``--port`` makes it a TCP store bound to one address
+(loopback unless ``--allow-remote``). Either way the group has a random secret, kept in
+``connection.json`` (mode 0600) beside the store, like a Jupyter connection file. A
+member proves it knows the secret when it joins, and every rpcnb request carries a token
+derived from it; TensorPipe's own port still accepts any peer that reaches it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rpcnb import errors
+from rpcnb.errors import RpcnbError
+
+STORE_PREFIX = "rpc_prefix_0"  # the prefix torch gives the first init in a process
+CONNECTION_FILE = "connection.json"
+
+PORT_BUSY = (
+    "Port {port} on {host} is busy: pick another with --port, or leave --port out to "
+    "meet through a private file instead."
+)
+REMOTE_NEEDS_FLAG = (
+    "--host {host} is not a loopback address: anyone who reaches it can run code in this "
+    "group (TensorPipe and the store do not authenticate); add --allow-remote to accept that."
+)
+BAD_HOST = "--host {host!r} is not an IP address of this machine: {reason}."
+NEEDS_SECRET = (
+    "Joining {addr} needs the group's secret: pass the connection file that %rpc_init "
+    "printed (--join PATH/connection.json), or --token TOKEN."
+)
+REFUSED = (
+    "{leader} refused this kernel: it does not know the group's secret. Use the "
+    "connection file or the token that %rpc_init printed."
+)
+BAD_TOKEN = "rpcnb refused a request that did not carry the group's secret"
+REMOTE_EXPOSES = (
+    "rpcnb: the group listens on {host} (store port {port}, TensorPipe on {iface}). Anyone "
+    "who reaches that address can connect to TensorPipe and run code: use it on a private "
+    "network only. Joins and rpcnb requests need the token; see docs/security.md."
+)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What a member needs to join: the store's address and the group's secret."""
+
+    address: str  # file:///.../store or tcp://host:port
+    secret: str
+    leader: str
+    path: Path | None = None  # the connection file, when there is one
+
+    @property
+    def group_id(self) -> str:
+        return hashlib.sha256(self.address.encode()).hexdigest()[:8] if self.is_tcp \
+            else Path(self.address[len("file://"):]).parent.name.removeprefix("rpcnb-")
+
+    @property
+    def is_tcp(self) -> bool:
+        return self.address.startswith("tcp://")
+
+
+def new_secret() -> str:
+    return secrets.token_hex(16)
+
+
+def proof(secret: str, name: str, rank: int) -> str:
+    """What a joining member sends to show it knows the secret."""
+    return hmac.new(secret.encode(), f"join:{name}:{rank}".encode(), hashlib.sha256).hexdigest()
+
+
+def call_token(secret: str) -> str:
+    """The token every rpcnb request carries (derived, so the secret itself never travels)."""
+    return hmac.new(secret.encode(), b"rpcnb-call", hashlib.sha256).hexdigest()[:32]
+
+
+def verify(expected: str, given: Any) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(expected, given)
+
+
+def write_connection(group_dir: Path, conn: Connection) -> Path:
+    path = group_dir / CONNECTION_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"address": conn.address, "secret": conn.secret, "leader": conn.leader}, f)
+    return path
+
+
+def read_connection(where: str, token: str | None = None) -> Connection:
+    """A connection from ``--join WHERE``: a connection file, its directory, a file://
+    store (the file beside it) or tcp://host:port together with ``token``."""
+    where = where.strip()
+    if where.startswith("tcp://"):
+        if not token:
+            raise RpcnbError(NEEDS_SECRET.format(addr=where))
+        return Connection(where, token, leader="")
+    path = Path(where[len("file://"):] if where.startswith("file://") else where).expanduser()
+    if path.is_dir():
+        path = path / CONNECTION_FILE
+    elif path.name != CONNECTION_FILE:
+        path = path.parent / CONNECTION_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=where)) from None
+    except (OSError, ValueError) as exc:
+        raise RpcnbError(f"Cannot read the connection file {str(path)!r}: {exc}.") from None
+    return Connection(data["address"], token or data["secret"], data.get("leader", ""), path)
+
+
+def check_host(host: str, allow_remote: bool) -> str:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(BAD_HOST.format(host=host, reason="use a numeric address")) from None
+    if not ip.is_loopback and not allow_remote:
+        raise ValueError(REMOTE_NEEDS_FLAG.format(host=host))
+    return str(ip)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to exactly ``host:port`` (torch's own TCPStore would bind to every
+    interface); its fd is handed to the store."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise RpcnbError(PORT_BUSY.format(port=port, host=host)) from None
+        raise RpcnbError(BAD_HOST.format(host=host, reason=exc.strerror)) from None
+    return sock
+
+
+def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
+    """The group's TCP store, served by this process on ``host:port`` only."""
+    import torch.distributed as dist
+
+    sock = listen(host, port)
+    bound = sock.getsockname()[1]
+    fd = sock.detach()  # the store owns the fd now
+    store = dist.TCPStore(host, bound, is_master=True, master_listen_fd=fd, use_libuv=False,
+                          wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    return store, bound
+
+
+def open_store(address: str, timeout: float = 5.0) -> Any:
+    """The group's store as a client, under the prefix torch uses for the first init."""
+    import torch.distributed as dist
+
+    if address.startswith("file://"):
+        path = address[len("file://"):]
+        if not os.path.exists(path):
+            raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=address))
+        store: Any = dist.FileStore(path, -1)
+        store.set_timeout(datetime.timedelta(seconds=timeout))
+    elif address.startswith("tcp://"):
+        host, _, port = address[len("tcp://"):].rpartition(":")
+        try:
+            store = dist.TCPStore(host.strip("[]"), int(port), is_master=False,
+                                  timeout=datetime.timedelta(seconds=timeout))
+        except Exception:
+            raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=address)) from None
+    else:
+        raise ValueError(f"Unsupported rendezvous address {address!r}: use a connection "
+                         "file, file://PATH or tcp://HOST:PORT.")
+    return dist.PrefixStore(STORE_PREFIX, store)
+
+
+def interface_of(host: str) -> str:
+    """The network interface that owns ``host`` (for TP_SOCKET_IFNAME)."""
+    import fcntl
+    import struct
+
+    if ipaddress.ip_address(host).is_loopback:
+        return "lo"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, ifname in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", ifname.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == host:
+                return ifname
+    finally:
+        probe.close()
+    raise ValueError(BAD_HOST.format(host=host, reason="no interface has that address"))
+
+
+def interface_towards(host: str, port: int) -> str:
+    """The interface this machine would use to reach ``host`` (for a remote joiner)."""
+    if ipaddress.ip_address(host).is_loopback:
+        return "lo"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, port))  # UDP: picks a route, sends nothing
+        return interface_of(probe.getsockname()[0])
+    finally:
+        probe.close()
