@@ -108,3 +108,21 @@ def test_join_errors_are_clear_and_leave_nothing(kernel):
     out = kernel.execute("%rpc_init --join file:///tmp/x", allow_error=True)
     assert "--join needs --name" in out.traceback
     assert kernel.value("__import__('rpcnb.session').session.is_initialized()") is False
+
+
+def test_kernel_restart_stops_the_workers_it_started(group):
+    pids = worker_pids(group)
+    group.km.restart_kernel(now=True)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(
+            pid_alive(pids[n]) for n in ("worker1", "worker2")):
+        time.sleep(0.1)
+    assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
+    # the restarted kernel starts a new group as if nothing happened
+    group.pid = group.km.provisioner.pid
+    group.known.add(group.pid)
+    group.kc.wait_for_ready(timeout=60)
+    group.execute("%load_ext rpcnb")
+    group.execute("%rpc_init --workers 1")
+    assert group.execute("%%remote worker1 --fetch\n'fresh'").text == "'fresh'"
+    group.execute("%rpc_shutdown")
