@@ -1,11 +1,22 @@
-"""Which path a tensor takes: TensorPipe's transports and channels.
+"""Which path a tensor takes: TensorPipe's transports and channels, and a model that
+predicts TensorPipe's choice for every pair of members.
 
 TensorPipe picks one transport per pipe and, per (source device, target device) pair, the
-highest-priority channel both sides find viable. This module knows their names and
-priorities (DESIGN.md, "TensorPipe channel choice").
+highest-priority channel both sides find viable (DESIGN.md, "TensorPipe channel choice").
+Each member reports the facts that choice depends on (``local_facts``, an RPC target);
+``predict`` turns them into a transport and channels per pair, with the reason; and
+``observed`` reads what TensorPipe's own verbose log says it did, to check the model.
 """
 
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 # name -> priority, as registered by torch 2.x
 TRANSPORTS = {"shm": 200, "ibv": 100, "uv": 0}
@@ -39,3 +50,545 @@ def check_names(names: list[str], kind: str) -> list[str]:
     if kind == "channel" and not any(n in out for n in ("basic", "mpt_uv", "cma")):
         raise ValueError("The channel list has no CPU channel: include basic (always viable).")
     return out
+
+
+# =========================================================================== the model
+#
+# TensorPipe decides per pipe. The side that accepts the pipe (the callee of the first
+# call) reads the caller's "brochure" (its transports and channels, each with a domain or
+# device descriptor) and walks its *own* transports and channels from the highest
+# priority down, taking the first one the caller also registered and whose descriptors
+# say the two can talk. So the pipe ``a -> b`` follows ``b``'s priorities. A transport or
+# channel that is not viable on a process is never registered there, so never
+# advertised. The descriptors, as TensorPipe builds them (tensorpipe/transport/shm and
+# tensorpipe/channel/cma, cuda_ipc, ...):
+#   shm transport   boot id + network namespace; viable when a memfd can be mapped
+#   uv transport    always compatible;  ibv: libibverbs + an IB device on both sides
+#   cma channel     boot id + pid ns + user ns + uid/gid (real = effective = saved)
+#                   + permitted capabilities; viable when dumpable, yama ptrace_scope
+#                   0 or 1, and process_vm_readv on itself works (seccomp)
+#   mpt_uv, basic   always compatible
+#   cuda_xth        same process;  cuda_ipc: same boot id, other pid, NVML peer access
+#   cuda_gdr        IB NIC + nv_peer_mem on both sides;  cuda_basic: any CUDA pair
+
+
+CPU_CHANNELS = ("cma", "mpt_uv", "basic")
+CUDA_CHANNELS = ("cuda_xth", "cuda_ipc", "cuda_gdr", "cuda_basic")
+
+NOT_IN_GROUP = "{name!r} is not a member of the group ({known}): name a member shown by %rpc_workers."
+
+
+@dataclass
+class Facts:
+    """What one member reports: everything TensorPipe decides a pipe by."""
+
+    name: str
+    host: str
+    pid: int
+    boot_id: str
+    net_ns: str
+    pid_ns: str
+    user_ns: str
+    uids: tuple[int, int, int]  # real, effective, saved-set
+    gids: tuple[int, int, int]
+    dumpable: bool
+    cap_permitted: str  # CapPrm from /proc/self/status
+    lsms: list[str] | None  # /sys/kernel/security/lsm; None when unreadable
+    ptrace_scope: int | None  # yama; None when yama is absent
+    cma_selftest: bool  # process_vm_readv on itself works (no seccomp filter)
+    memfd: bool  # a 1 MB memfd can be created and mapped (shm transport)
+    ibverbs: bool  # libibverbs loads
+    ib_devices: list[str]
+    socket_ifname: str  # TP_SOCKET_IFNAME ('' when unset)
+    cuda_built: bool  # this torch has CUDA channels at all
+    cuda_devices: list[dict[str, Any]] = field(default_factory=list)  # index, uuid, name
+    p2p: dict[str, dict[str, bool]] = field(default_factory=dict)  # uuid -> uuid -> ok
+    nv_peer_mem: bool = False
+    transports: list[str] | None = None  # the _transports it was started with
+    channels: list[str] | None = None  # the _channels it was started with
+    torch: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Facts:
+        data = dict(data)
+        data["uids"] = tuple(data["uids"])
+        data["gids"] = tuple(data["gids"])
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- reading this process's facts ------------------------------------------------------
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _ns(kind: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def cma_selftest() -> bool:
+    """What TensorPipe checks: process_vm_readv on ourselves (only seccomp can refuse)."""
+    try:
+        libc = _libc()
+        src = ctypes.c_uint64(0x0123456789ABCDEF)
+        dst = ctypes.c_uint64(0)
+        local = _IoVec(ctypes.cast(ctypes.byref(dst), ctypes.c_void_p), 8)
+        remote = _IoVec(ctypes.cast(ctypes.byref(src), ctypes.c_void_p), 8)
+        libc.process_vm_readv.restype = ctypes.c_ssize_t
+        n = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        return bool(n == 8 and dst.value == src.value)
+    except (OSError, AttributeError):
+        return False
+
+
+def _dumpable() -> bool:
+    try:
+        return bool(_libc().prctl(3, 0, 0, 0, 0) == 1)  # PR_GET_DUMPABLE; SUID_DUMP_USER
+    except (OSError, AttributeError):
+        return False
+
+
+def _memfd_works() -> bool:
+    import mmap
+
+    try:
+        fd = os.memfd_create("rpcnb-shm-check", getattr(os, "MFD_CLOEXEC", 1))
+    except (OSError, AttributeError):
+        return False
+    try:
+        os.ftruncate(fd, 1 << 20)
+        mm = mmap.mmap(fd, 1 << 20)
+        mm[0] = 1
+        mm.close()
+        return True
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _cap_permitted() -> str:
+    for line in (_read("/proc/self/status") or "").splitlines():
+        if line.startswith("CapPrm:"):
+            return line.split()[1]
+    return ""
+
+
+def _ibverbs() -> bool:
+    try:
+        ctypes.CDLL("libibverbs.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def _cuda_facts() -> tuple[bool, list[dict[str, Any]], dict[str, dict[str, bool]]]:
+    import torch
+
+    built = torch.version.cuda is not None
+    if not (built and torch.cuda.is_available()):
+        return built, [], {}
+    devices: list[dict[str, Any]] = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        devices.append({"index": i, "uuid": str(getattr(props, "uuid", f"index-{i}")),
+                        "name": props.name})
+    p2p: dict[str, dict[str, bool]] = {}
+    for a in devices:
+        row = p2p.setdefault(a["uuid"], {})
+        for b in devices:
+            row[b["uuid"]] = a is b or bool(torch.cuda.can_device_access_peer(a["index"], b["index"]))
+    return built, devices, p2p
+
+
+_local: dict[str, Any] | None = None
+
+
+def local_facts() -> dict[str, Any]:
+    """This process's facts, as a plain dict (an RPC target: every member can answer).
+
+    Read once per process, at the first call: they are fixed while the process is in a
+    group (TensorPipe read the same things when it started).
+    """
+    global _local
+    if _local is None:
+        scope = _read("/proc/sys/kernel/yama/ptrace_scope")
+        lsm = _read("/sys/kernel/security/lsm")
+        try:
+            ib = sorted(os.listdir("/sys/class/infiniband"))
+        except OSError:
+            ib = []
+        built, devices, p2p = _cuda_facts()
+        import torch
+
+        _local = Facts(
+            name="", host=socket.gethostname(), pid=os.getpid(),
+            boot_id=_read("/proc/sys/kernel/random/boot_id") or "",
+            net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
+            uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
+            cap_permitted=_cap_permitted(),
+            lsms=[x for x in lsm.split(",") if x] if lsm is not None else None,
+            ptrace_scope=int(scope) if scope and scope.isdigit() else None,
+            cma_selftest=cma_selftest(), memfd=_memfd_works(), ibverbs=_ibverbs(),
+            ib_devices=ib, socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""),
+            cuda_built=built, cuda_devices=devices, p2p=p2p,
+            nv_peer_mem=any(os.path.exists(f"/sys/module/{m}")
+                            for m in ("nv_peer_mem", "nvidia_peermem")),
+            torch=torch.__version__,
+        ).to_dict()
+    facts = dict(_local)
+    try:
+        from rpcnb import session
+
+        s = session.current()
+        facts["name"] = s.name
+        facts["transports"] = s.options.get("transports")
+        facts["channels"] = s.options.get("channels")
+    except Exception:
+        pass
+    return facts
+
+
+_gathered: dict[tuple[str, int], Facts] = {}  # (name, pid) -> facts: fixed while it lives
+
+
+def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, Facts]:
+    """Every live member's facts (asked over RPC once per member, then kept)."""
+    import torch.distributed.rpc as rpc
+
+    from rpcnb import session
+
+    s = session.current()
+    live = s.live_names()
+    wanted = live if names is None else names
+    for name in wanted:
+        if name not in live:
+            raise ValueError(NOT_IN_GROUP.format(name=name, known=", ".join(live)))
+    futs = {}
+    out: dict[str, Facts] = {}
+    for name in wanted:
+        cached = next((f for (n, _), f in _gathered.items() if n == name), None)
+        if cached is not None:
+            out[name] = cached
+        elif name == s.name:
+            out[name] = Facts.from_dict(local_facts())
+        else:
+            futs[name] = rpc.rpc_async(name, local_facts, timeout=timeout)
+    for name, fut in futs.items():
+        out[name] = Facts.from_dict(fut.wait())
+    for name, facts in out.items():
+        _gathered[(name, facts.pid)] = facts
+    return {name: out[name] for name in wanted}
+
+
+def forget() -> None:
+    """Drop the kept facts (a new group starts)."""
+    _gathered.clear()
+
+
+# -- what each process registers ---------------------------------------------------------
+
+
+def _priorities(configured: list[str] | None, defaults: dict[str, int]) -> dict[str, int]:
+    """Name -> priority: torch's defaults, or the list order when one was given."""
+    if configured is None:
+        return dict(defaults)
+    n = len(configured)
+    return {name: n - 1 - i for i, name in enumerate(configured) if name in defaults}
+
+
+def _cma_blocker(f: Facts) -> str | None:
+    """Why cma is not viable on this process, or None (tensorpipe/channel/cma)."""
+    if not (f.uids[0] == f.uids[1] == f.uids[2] and f.gids[0] == f.gids[1] == f.gids[2]):
+        return f"{f.name}'s real, effective and saved uids/gids differ"
+    if not f.dumpable:
+        return f"{f.name} is not dumpable"
+    if f.ptrace_scope is not None and f.ptrace_scope >= 2:
+        return f"ptrace_scope={f.ptrace_scope} on {f.host}"
+    if f.lsms is not None and "yama" in f.lsms and f.ptrace_scope is None:
+        return f"yama is active on {f.host} but its ptrace_scope cannot be read"
+    if not f.cma_selftest:
+        return f"process_vm_readv is blocked in {f.name} (a seccomp filter)"
+    return None
+
+
+def viable(f: Facts) -> dict[str, str | None]:
+    """For every transport and channel: None when viable on ``f``, else why not."""
+    out: dict[str, str | None] = {
+        "shm": None if f.memfd else f"{f.name} cannot map a memfd",
+        "ibv": None if (f.ibverbs and f.ib_devices) else f"no InfiniBand device on {f.host}",
+        "uv": None,
+        "cma": _cma_blocker(f),
+        "mpt_uv": None,
+        "basic": None,
+    }
+    no_cuda = ("this torch has no CUDA" if not f.cuda_built
+               else f"{f.name} sees no CUDA device" if not f.cuda_devices else None)
+    for name in CUDA_CHANNELS:
+        out[name] = no_cuda
+    if no_cuda is None and not (f.ib_devices and f.nv_peer_mem):
+        out["cuda_gdr"] = f"no InfiniBand NIC with nv_peer_mem on {f.host}"
+    return out
+
+
+def registered(f: Facts, kind: str) -> dict[str, int]:
+    """The transports (kind='transport') or channels ``f`` registered, with priorities."""
+    defaults = TRANSPORTS if kind == "transport" else CHANNELS
+    configured = f.transports if kind == "transport" else f.channels
+    ok = viable(f)
+    return {n: p for n, p in _priorities(configured, defaults).items() if ok.get(n) is None}
+
+
+def _not_offered(name: str, f: Facts, kind: str) -> str:
+    configured = f.transports if kind == "transport" else f.channels
+    if configured is not None and name not in configured:
+        flag = "--transports" if kind == "transport" else "--channels"
+        return f"not in {f.name}'s {flag}"
+    return viable(f).get(name) or f"{f.name} does not offer {name}"
+
+
+# -- the prediction ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What TensorPipe will use, and why (and why not the ones above it)."""
+
+    name: str
+    reason: str
+    passed: tuple[str, ...] = ()  # higher-priority candidates, each "name: why not"
+
+
+@dataclass(frozen=True)
+class PairPrediction:
+    """The pipe ``src -> dst``: calls from src to dst and their responses."""
+
+    src: str
+    dst: str
+    transport: Choice
+    channels: dict[str, Choice]  # "cpu->cpu", "cuda:0->cuda:1" (src device -> dst device)
+
+    def channel_names(self) -> set[str]:
+        return {c.name for c in self.channels.values()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "src": self.src, "dst": self.dst,
+            "transport": asdict(self.transport),
+            "channels": {pair: asdict(c) for pair, c in self.channels.items()},
+        }
+
+
+def _same_host(a: Facts, b: Facts) -> bool:
+    return a.boot_id == b.boot_id
+
+
+def _transport_fit(name: str, a: Facts, b: Facts) -> str | None:
+    """Why transport ``name`` cannot join a and b (None: it can)."""
+    if name == "shm":
+        if not _same_host(a, b):
+            return "different hosts (boot ids differ)"
+        if a.net_ns != b.net_ns:
+            return f"different network namespaces ({a.net_ns} vs {b.net_ns})"
+    return None
+
+
+def _transport_reason(name: str, a: Facts, b: Facts) -> str:
+    if name == "shm":
+        return f"shm: same host ({a.host}) and same network namespace"
+    if name == "ibv":
+        return f"ibv: InfiniBand on both ({', '.join(a.ib_devices)} / {', '.join(b.ib_devices)})"
+    iface = b.socket_ifname or "the interface its host name resolves to"
+    return f"uv: TCP, {b.name} listens on {iface}"
+
+
+def _cma_fit(a: Facts, b: Facts) -> str | None:
+    if not _same_host(a, b):
+        return "different hosts"
+    if a.pid_ns != b.pid_ns:
+        return f"different pid namespaces ({a.pid_ns} vs {b.pid_ns})"
+    if a.user_ns != b.user_ns:
+        return f"different user namespaces ({a.user_ns} vs {b.user_ns})"
+    if a.uids[0] != b.uids[0] or a.gids[0] != b.gids[0]:
+        return f"different users (uid {a.uids[0]} vs {b.uids[0]})"
+    checks_caps = a.lsms is None or "capability" in a.lsms
+    if checks_caps and a.cap_permitted != b.cap_permitted:
+        return "different permitted capabilities"
+    return None
+
+
+def _cma_reason(a: Facts, b: Facts) -> str:
+    scope = "no yama" if b.ptrace_scope is None else f"ptrace_scope={b.ptrace_scope}"
+    return f"cma: same host, {scope}, uid {b.uids[0]}"
+
+
+def _cuda_fit(name: str, a: Facts, da: dict[str, Any], b: Facts, db: dict[str, Any]) -> str | None:
+    if name == "cuda_xth":
+        return "different processes" if (a.pid, a.boot_id) != (b.pid, b.boot_id) else None
+    if name == "cuda_ipc":
+        if not _same_host(a, b):
+            return "different hosts"
+        if a.pid == b.pid:
+            return "same process"
+        row = b.p2p.get(db["uuid"], {})
+        back = b.p2p.get(da["uuid"], {})
+        if da["uuid"] not in row:
+            return f"peer access between {da['uuid'][:8]} and {db['uuid'][:8]} is unknown to {b.name}"
+        if not (row[da["uuid"]] and back.get(db["uuid"], False)):
+            return "no peer-to-peer access between the two GPUs"
+        return None
+    return None  # cuda_gdr and cuda_basic: viability already decided
+
+
+def _choose(kind: str, names: list[str], a: Facts, b: Facts,
+            fit: Any, reason: Any) -> Choice:
+    """Walk ``names`` as ``b`` (the accepting side) orders them; the first that both
+    registered and that ``fit`` accepts wins. Its reason says why each better one was
+    passed over."""
+    defaults = TRANSPORTS if kind == "transport" else CHANNELS
+    mine, theirs = registered(a, kind), registered(b, kind)
+    order = sorted(names, key=lambda n: (n not in theirs, -theirs.get(n, 0), -defaults[n]))
+    passed: list[str] = []
+    for name in order:
+        if name not in theirs:
+            break  # the rest were never offered by b; explained below
+        why = _not_offered(name, a, kind) if name not in mine else fit(name)
+        if why:
+            passed.append(f"{name}: {why}")
+            continue
+        # also say why better ones by default were not there at all
+        skipped = [f"{n}: {_not_offered(n, b if n not in theirs else a, kind)}"
+                   for n in names if (n not in theirs or n not in mine)
+                   and defaults[n] > defaults[name] and not any(p.startswith(n + ":") for p in passed)]
+        passed = sorted(passed + skipped, key=lambda p: -defaults[p.split(":")[0]])
+        text = reason(name)
+        if passed:
+            text += f" ({'; '.join(passed)})"
+        return Choice(name, text, tuple(passed))
+    passed += [f"{n}: {_not_offered(n, b if n not in theirs else a, kind)}"
+               for n in names if n not in theirs or n not in mine
+               if not any(p.startswith(n + ":") for p in passed)]
+    what = "transport" if kind == "transport" else "channel"
+    return Choice("none", f"no {what} both offer and can use: the pipe cannot carry this",
+                  tuple(passed))
+
+
+_CUDA_REASONS = {
+    "cuda_xth": "cuda_xth: same process",
+    "cuda_ipc": "cuda_ipc: same host, peer-to-peer access between the GPUs",
+    "cuda_gdr": "cuda_gdr: GPUDirect RDMA over InfiniBand",
+    "cuda_basic": "cuda_basic: copied through host memory",
+}
+
+
+def predict_pair(a: Facts, b: Facts) -> PairPrediction:
+    """The transport and the channel per device pair of the pipe ``a -> b``."""
+    transport = _choose("transport", list(TRANSPORTS), a, b,
+                        lambda n: _transport_fit(n, a, b),
+                        lambda n: _transport_reason(n, a, b))
+
+    def cpu_fit(name: str) -> str | None:
+        return _cma_fit(a, b) if name == "cma" else None
+
+    def cpu_reason(name: str) -> str:
+        if name == "cma":
+            return _cma_reason(a, b)
+        if name == "mpt_uv":
+            return "mpt_uv: TCP over 16 lanes"
+        return f"basic: the data rides the {transport.name} transport"
+
+    channels = {"cpu->cpu": _choose("channel", list(CPU_CHANNELS), a, b, cpu_fit, cpu_reason)}
+    for dev_a in a.cuda_devices:
+        for dev_b in b.cuda_devices:
+            label = f"cuda:{dev_a['index']}->cuda:{dev_b['index']}"
+            channels[label] = _choose(
+                "channel", list(CUDA_CHANNELS), a, b,
+                lambda n, x=dev_a, y=dev_b: _cuda_fit(n, a, x, b, y),
+                lambda n: _CUDA_REASONS[n])
+    return PairPrediction(a.name, b.name, transport, channels)
+
+
+def predict(facts: dict[str, Facts]) -> dict[tuple[str, str], PairPrediction]:
+    """Every ordered pair of distinct members: ``(src, dst) -> PairPrediction``."""
+    return {(a, b): predict_pair(fa, fb)
+            for a, fa in facts.items() for b, fb in facts.items() if a != b}
+
+
+def predict_group(names: list[str] | None = None) -> dict[tuple[str, str], PairPrediction]:
+    """``predict`` over the live group (facts gathered over RPC)."""
+    return predict(gather(names))
+
+
+# -- what TensorPipe says it did ---------------------------------------------------------
+
+# Pipe names: "<me>_to_<peer>" for the pipe this process opened, "<me>[lN]_from_<peer>"
+# for one it accepted. Connection and channel renames at TP_VERBOSE_LOGGING >= 7 (the
+# channel renames already at 4) tie a transport and each channel to its pipe.
+VERBOSE_LEVEL = 7
+_CONN = re.compile(r"Connection \S+ was renamed to (?P<pipe>\S+?)\.(?P<role>[dr])\.tr_(?P<name>\w+)\s*$")
+_CHAN = re.compile(r"Channel \S+ was renamed to (?P<pipe>\S+?)\.ch_(?P<name>[a-z_]+)\s*$")
+_ACCEPTED = re.compile(r"^(?P<me>.+)\[l\d+\]_from_(?P<peer>.+)$")
+_OPENED = re.compile(r"^(?P<me>.+)_to_(?P<peer>.+)$")
+
+
+def _pipe_direction(pipe: str) -> tuple[str, str] | None:
+    """(src, dst) of the pipe: src opened it, dst accepted it."""
+    m = _ACCEPTED.match(pipe)
+    if m:
+        return m.group("peer"), m.group("me")
+    m = _OPENED.match(pipe)
+    if m:
+        return m.group("me"), m.group("peer")
+    return None
+
+
+def observed(log_text: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """From TensorPipe's verbose log (TP_VERBOSE_LOGGING=7): for each pipe ``(src, dst)``
+    the transport it settled on and the channels it opened."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for line in log_text.splitlines():
+        m = _CONN.search(line)
+        if m:
+            key = _pipe_direction(m.group("pipe"))
+            if key:
+                # the descriptor connection first goes over the bootstrap transport, then
+                # is replaced by one over the chosen transport: the last one counts
+                out.setdefault(key, {"transport": None, "channels": set()})["transport"] = m.group("name")
+            continue
+        m = _CHAN.search(line)
+        if m:
+            key = _pipe_direction(m.group("pipe"))
+            if key:
+                out.setdefault(key, {"transport": None, "channels": set()})["channels"].add(m.group("name"))
+    return out
+
+
+def describe(predictions: dict[tuple[str, str], PairPrediction]) -> str:
+    """A plain-text table of the predictions (what %rpc_channels prints without widgets)."""
+    rows = [("from", "to", "transport", "device pair", "channel", "why")]
+    for (src, dst), p in sorted(predictions.items()):
+        for i, (pair, c) in enumerate(p.channels.items()):
+            rows.append((src if i == 0 else "", dst if i == 0 else "",
+                         p.transport.name if i == 0 else "", pair, c.name, c.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+                     for r in rows)
