@@ -117,6 +117,13 @@ def parse_remote_line(line: str, cell: str | None) -> tuple[Any, str]:
     return args, code
 
 
+def _applied_device_map() -> Any:
+    """The map %rpc_devmap's "apply" kept, or None (rpcnb.widgets imports nothing heavy)."""
+    from rpcnb.widgets import applied_device_map
+
+    return applied_device_map()
+
+
 @magics_class
 class RpcMagics(Magics):
     """%rpc_init, %%remote, %remote, %rpc_workers, %rpc_shutdown."""
@@ -149,6 +156,8 @@ class RpcMagics(Magics):
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
+        elif _applied_device_map() is not None:
+            kwargs["device_map"] = _applied_device_map()
         if args.threads is not None:
             kwargs["threads"] = args.threads
         if args.timeout is not None:
@@ -237,3 +246,79 @@ class RpcMagics(Magics):
             raise UsageError(errors.NOT_INITIALIZED)
         session.shutdown(timeout=args.timeout)
         print("rpcnb: left the group; %rpc_init starts a new one.")
+
+    # -- channels, probe and device maps (rpcnb.channels, rpcnb.probe, rpcnb.widgets) --------
+
+    @magic_arguments()
+    @argument("workers", nargs="*", help="members to probe, by name (default: every other)")
+    @argument("--sizes", default=None,
+              help="message sizes, e.g. 1K,1M,256M (default: 1K to 256M, each x4)")
+    @argument("--repeats", type=int, default=3, help="sends per size; the median is kept")
+    @argument("--tensorpipe", action="store_true",
+              help="keep large tensors on TensorPipe, off rpcnb's shared memory")
+    @line_magic
+    def rpc_probe(self, line: str) -> Any:
+        """Round-trip latency and bandwidth to each peer, 1 KB to 256 MB; kept in telemetry."""
+        from rpcnb import probe, session
+
+        args = parse_argstring(self.rpc_probe, line)
+        if not session.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        try:
+            sizes = [probe.parse_size(x) for x in _csv(args.sizes) or []] or None
+            workers = [w for item in args.workers for w in _csv(item) or []]
+            return probe.probe(workers or None, sizes, args.repeats,
+                               tensorpipe_only=args.tensorpipe)
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--interval", type=float, default=0.5,
+              help="seconds between updates at most (default 0.5)")
+    @argument("--text", action="store_true", help="print the predicted channels, no widget")
+    @line_magic
+    def rpc_channels(self, line: str) -> Any:
+        """The channel monitor: predicted paths, measured latency and bandwidth per pair."""
+        from rpcnb import channels, session
+
+        args = parse_argstring(self.rpc_channels, line)
+        if not session.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        if args.interval <= 0:
+            raise UsageError(f"--interval must be a positive number of seconds, not {args.interval}.")
+        try:
+            if args.text:
+                print(channels.describe(channels.predict_group()))
+                return None
+            try:
+                from rpcnb.widgets.channel_monitor import ChannelMonitor
+            except ImportError:
+                from rpcnb.widgets import NEEDS_ANYWIDGET
+
+                print(channels.describe(channels.predict_group()))
+                raise UsageError(NEEDS_ANYWIDGET) from None
+            return ChannelMonitor(interval=args.interval)
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--topology", default=None, metavar="SPEC",
+              help="declared CUDA devices per member, e.g. worker0=2,worker1=2 (to plan)")
+    @argument("--name", default=None, help="without a group: the member the map is for")
+    @line_magic
+    def rpc_devmap(self, line: str) -> Any:
+        """The device-map editor; 'apply' keeps the map for the next %rpc_init / --join."""
+        args = parse_argstring(self.rpc_devmap, line)
+        topology: Any = None
+        if args.topology is not None:
+            topology = _device_map_spec(args.topology, self._user_ns())
+        try:
+            from rpcnb.widgets.devmap_editor import DeviceMapEditor
+        except ImportError:
+            from rpcnb.widgets import NEEDS_ANYWIDGET
+
+            raise UsageError(NEEDS_ANYWIDGET) from None
+        try:
+            return DeviceMapEditor(topology=topology, me=args.name)
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None

@@ -1,0 +1,199 @@
+"""The channel monitor: which path each pair of members uses and how fast it is.
+
+A member-by-member matrix (predicted transport and channel, measured latency and
+bandwidth), a latency-over-time chart fed by telemetry, and the probe's latency-versus-
+size curve. It updates while calls happen: telemetry's listener only sets a flag (it runs
+inline on RPC threads), and a daemon thread pushes a new snapshot at most every
+``interval`` seconds. Other members' numbers come from their own telemetry, asked every
+``remote_interval`` seconds. The thread stops, and the widget says so, when the group is
+shut down or the widget is closed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import statistics
+import threading
+import time
+from typing import Any
+
+import anywidget
+import traitlets
+
+from rpcnb import telemetry
+
+SERIES_POINTS = 240  # latency points kept per peer for the chart
+MONITOR_OPS = ("peer_stats", "local_facts")  # the monitor's own calls: not shown as traffic
+STOPPED_SHUTDOWN = "stopped: the group was shut down (%rpc_channels opens a new monitor)"
+STOPPED_CLOSED = "stopped: the monitor was closed"
+
+
+def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calls, p50 latency and bandwidth of ``records`` (plain telemetry records)."""
+    calls = [r for r in records if r["op"] not in MONITOR_OPS]
+    if not calls:
+        return {"calls": 0, "p50_ms": None, "bytes_per_s": None}
+    moved = [r for r in calls if r["nbytes"] and r["duration"] > 0]
+    busy = sum(r["duration"] for r in moved)
+    return {
+        "calls": len(calls),
+        "p50_ms": statistics.median(r["duration"] for r in calls) * 1e3,
+        "bytes_per_s": sum(r["nbytes"] for r in moved) / busy if busy > 0 else None,
+    }
+
+
+def peer_stats() -> dict[str, dict[str, Any]]:
+    """RPC target: this member's calls to each peer, summarised (for other monitors)."""
+    by_peer: dict[str, list[dict[str, Any]]] = {}
+    for rec in telemetry.records():
+        if rec["peer"]:
+            by_peer.setdefault(rec["peer"], []).append(rec)
+    return {peer: _stats(recs) for peer, recs in by_peer.items()}
+
+
+class ChannelMonitor(anywidget.AnyWidget):
+    """``ChannelMonitor()`` in a notebook that is a member of a group; ``%rpc_channels``."""
+
+    _esm = pathlib.Path(__file__).parent / "channel_monitor.js"
+
+    me = traitlets.Unicode("").tag(sync=True)
+    members = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    # "src->dst": {transport, channel, reason, calls, p50_ms, bytes_per_s}
+    matrix = traitlets.Dict().tag(sync=True)
+    series = traitlets.Dict().tag(sync=True)  # peer -> [[t (s, epoch), ms], ...]
+    curve = traitlets.Dict().tag(sync=True)  # peer -> [[nbytes, ms, bytes/s, path], ...]
+    status = traitlets.Unicode("live").tag(sync=True)
+    updated = traitlets.Float(0.0).tag(sync=True)
+    updates = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, interval: float = 0.5, remote_interval: float = 3.0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        from rpcnb import channels, session
+
+        s = session.current()
+        self._interval = interval
+        self._remote_interval = remote_interval
+        self._remote: dict[str, dict[str, dict[str, Any]]] = {}
+        self._remote_at = 0.0
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self.me = s.name
+        predicted = channels.predict_group()
+        self.members = s.live_names()
+        self._predicted = {f"{a}->{b}": p for (a, b), p in predicted.items()}
+        self._refresh(remote=True)
+        telemetry.subscribe(self._on_record)
+        self._thread = threading.Thread(target=self._loop, name="rpcnb-channel-monitor",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- updating ---------------------------------------------------------------------------
+
+    def _on_record(self, rec: Any) -> None:
+        self._dirty.set()  # inline on an RPC thread: nothing more
+
+    def _loop(self) -> None:
+        from rpcnb import session
+
+        while not self._stop.is_set():
+            self._stop.wait(self._interval)
+            if self._stop.is_set():
+                break
+            if not session.is_initialized():
+                self._finish(STOPPED_SHUTDOWN)
+                return
+            due = time.monotonic() - self._remote_at > self._remote_interval
+            if self._dirty.is_set() or due:
+                self._dirty.clear()
+                try:
+                    self._refresh(remote=due)
+                except Exception:  # the group went away between the check and the calls
+                    if not session.is_initialized():
+                        self._finish(STOPPED_SHUTDOWN)
+                        return
+
+    def _finish(self, why: str) -> None:
+        telemetry.unsubscribe(self._on_record)
+        self._stop.set()
+        self.status = why
+
+    def stop(self) -> None:
+        """Stop updating (the widget stays, with its last numbers)."""
+        self._finish(STOPPED_CLOSED)
+
+    def close(self) -> None:
+        self.stop()
+        super().close()
+
+    def _ask_remote(self) -> None:
+        import torch.distributed.rpc as rpc
+
+        from rpcnb import session
+
+        s = session.current()
+        futs = {}
+        for name in s.live_names():
+            if name != s.name:
+                try:
+                    futs[name] = rpc.rpc_async(name, peer_stats, timeout=5)
+                except Exception:
+                    pass
+        for name, fut in futs.items():
+            try:
+                self._remote[name] = fut.wait()
+            except Exception:
+                self._remote.pop(name, None)
+        self._remote_at = time.monotonic()
+
+    def _refresh(self, remote: bool) -> None:
+        from rpcnb import probe, session
+
+        if remote:
+            self._ask_remote()
+        s = session.current()
+        members = s.live_names()
+        mine = peer_stats()
+        matrix: dict[str, Any] = {}
+        for a in members:
+            for b in members:
+                if a == b:
+                    continue
+                key = f"{a}->{b}"
+                pred = self._predicted.get(key)
+                cpu = pred.channels.get("cpu->cpu") if pred else None
+                cell: dict[str, Any] = {
+                    "transport": pred.transport.name if pred else "?",
+                    "channel": cpu.name if cpu else "?",
+                    "reason": (f"{pred.transport.reason}; {cpu.reason}" if pred and cpu
+                               else "joined after the monitor opened"),
+                    "devices": {pair: c.name for pair, c in pred.channels.items()} if pred else {},
+                }
+                source = mine if a == s.name else self._remote.get(a, {})
+                cell.update(source.get(b) or {"calls": 0, "p50_ms": None, "bytes_per_s": None})
+                matrix[key] = cell
+        series: dict[str, list[list[float]]] = {}
+        curve: dict[str, list[list[Any]]] = {}
+        for rec in telemetry.records():
+            if rec["op"] in MONITOR_OPS or not rec["peer"] or rec["peer"] == s.name:
+                continue
+            if rec["op"] == probe.OP:
+                if rec["nbytes"]:
+                    curve.setdefault(rec["peer"], []).append(
+                        [rec["nbytes"], rec["duration"] * 1e3,
+                         rec["nbytes"] / rec["duration"] if rec["duration"] > 0 else 0,
+                         rec["channel"]])
+                continue
+            series.setdefault(rec["peer"], []).append([rec["start"], rec["duration"] * 1e3])
+        for peer, points in curve.items():
+            latest: dict[int, list[Any]] = {}
+            for point in points:  # the last probe of each size wins
+                latest[point[0]] = point
+            curve[peer] = sorted(latest.values())
+        with self.hold_sync():
+            self.members = members
+            self.matrix = matrix
+            self.series = {p: pts[-SERIES_POINTS:] for p, pts in series.items()}
+            self.curve = curve
+            self.updated = time.time()
+            self.updates = self.updates + 1

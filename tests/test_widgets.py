@@ -1,0 +1,87 @@
+"""The channel monitor and the device-map editor in a real kernel with a live group:
+what they hold, that the monitor updates while calls happen and stops on %rpc_shutdown,
+and that an applied device map is the one the next %rpc_init uses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("anywidget")
+
+
+def wait_for(kernel, expr: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = kernel.value(expr)
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.3)
+
+
+def test_channel_monitor_live_then_stopped(group):
+    out = group.execute("import rpcnb\nmon = %rpc_channels\nmon")
+    assert any("application/vnd.jupyter.widget-view+json" in r for r in out.results)
+    cell = group.value("mon.matrix['worker1->worker2']")
+    assert (cell["transport"], cell["channel"]) == ("shm", "cma")
+    assert cell["reason"].startswith("shm: same host") and "cma: same host" in cell["reason"]
+    assert group.value("sorted(mon.members)") == ["worker0", "worker1", "worker2"]
+    before = group.value("mon.updates")
+    group.execute("for _ in range(5):\n    rpcnb.run('worker1', '1 + 1')")
+    group.execute("%remote worker1 import torch, torch.distributed.rpc as rpc; "
+                  "rpc.rpc_sync('worker2', torch.add, args=(torch.ones(4), 1))")
+    assert wait_for(group, f"mon.updates > {before} and mon.matrix['worker0->worker1']['calls'] >= 5")
+    assert group.value("len(mon.series['worker1'])") >= 5
+    assert group.value("mon.matrix['worker0->worker1']['p50_ms'] > 0")
+    # worker1's own calls to worker2 come from worker1's telemetry, asked over RPC
+    assert wait_for(group, "mon.matrix['worker1->worker2']['calls'] >= 1")
+    group.execute("%rpc_probe worker1 --sizes 1K,1M --repeats 1")
+    assert wait_for(group, "len(mon.curve.get('worker1', [])) == 2")
+    assert group.value("mon.status") == "live"
+    group.execute("%rpc_shutdown")
+    assert wait_for(group, "mon.status.startswith('stopped')", timeout=10)
+    updates = group.value("mon.updates")
+    time.sleep(1.5)
+    assert group.value("mon.updates") == updates  # no more pushes after the group is gone
+
+
+def test_channel_monitor_text_form(group):
+    out = group.execute("%rpc_channels --text")
+    assert "worker0" in out.stdout and "cma: same host" in out.stdout
+
+
+def test_devmap_editor_live_group_and_apply(group):
+    out = group.execute("ed = %rpc_devmap\ned")
+    assert any("application/vnd.jupyter.widget-view+json" in r for r in out.results)
+    assert group.value("ed.source") == "live group"
+    assert group.value("[p['name'] for p in ed.peers]") == ["worker1", "worker2"]
+    assert group.value("ed.local_devices") == []  # no GPU here: nothing to map
+    group.execute("ed = %rpc_devmap --topology worker0=2,worker1=2,worker2=1")
+    assert group.value("ed.source") == "live group with a declared topology"
+    assert group.value("ed.problems") == []
+    group.execute("ed.mapping = {'worker1': {'cuda:0': 'cuda:1', 'cuda:1': 'cuda:1'}}")
+    assert "duplicated target device" in group.value("ed.problems[0]['message']")
+    group.execute("ed.mapping = {'worker1': {'cuda:0': 'cuda:1'}}")
+    assert group.value("ed.problems") == []
+    assert group.value("ed.forms['string']") == "1_0_1"
+    group.execute("ed.apply()")
+    assert group.value("__import__('rpcnb.widgets').widgets.applied_device_map()") == {
+        "worker1": {"cuda:0": "cuda:1"}}
+    group.execute("%rpc_shutdown")
+    # the next %rpc_init uses the applied map, and checks it against this machine
+    out = group.execute("%rpc_init --workers 1", allow_error=True)
+    assert "this machine has no CUDA devices" in out.traceback
+    # an explicit --device-map wins over the applied one
+    out = group.execute("%rpc_init --workers 1 --device-map '{}'")
+    assert "rpcnb group of 2" in out.stdout
+    group.execute("%rpc_shutdown")
+
+
+def test_devmap_editor_without_a_group(kernel):
+    kernel.execute("%load_ext rpcnb")
+    out = kernel.execute("%rpc_devmap", allow_error=True)
+    assert "run %rpc_init first, or declare the members" in out.traceback
+    kernel.execute("ed = %rpc_devmap --topology worker0=1,worker1=1 --name worker1")
+    assert kernel.value("(ed.me, ed.local_devices, ed.source)") == (
+        "worker1", ["cuda:0"], "declared topology")
