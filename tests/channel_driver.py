@@ -4,6 +4,7 @@ rpcnb's prediction and what TensorPipe's own log says it chose, as JSON.
 
     channel_driver.py group OUT [CHANNELS]       rpcnb.init(2): worker0..worker2
     channel_driver.py member OUT STORE NAME RANK  one of two plain TensorPipe members
+    channel_driver.py cuda OUT                    rpcnb.init(1), a CUDA tensor each way
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ def group(out: str, chosen: str) -> None:
         rpcnb.shutdown()
 
 
+def cuda(out: str) -> None:
+    """worker0 -> worker1 with a device map: CUDA tensors take a CUDA channel."""
+    import rpcnb
+    from rpcnb import session
+
+    rpcnb.init(1, device_map={"worker1": {"cuda:0": "cuda:0"}})
+    try:
+        preds = channels.predict_group()
+        back = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(4, device="cuda:0"), 1))
+        assert back.device.type == "cuda"
+        logs = [w.log_path.read_text() for w in session.current().procs.values()]
+        with open(out, "w") as f:
+            json.dump({"predicted": predicted(preds), "observed": merged(logs)}, f)
+    finally:
+        rpcnb.shutdown()
+
+
 def member(out: str, store: str, name: str, rank: int) -> None:
     opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{store}", rpc_timeout=60)
     rpc.init_rpc(name, rank=rank, world_size=2, rpc_backend_options=opts)
@@ -80,5 +98,7 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "group":
         group(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
+    elif mode == "cuda":
+        cuda(sys.argv[2])
     else:
         member(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
