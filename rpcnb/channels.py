@@ -268,7 +268,9 @@ def local_facts() -> dict[str, Any]:
     return facts
 
 
-_gathered: dict[tuple[str, int], Facts] = {}  # (name, pid) -> facts: fixed while it lives
+# (group address, name) -> facts: fixed while the member lives; names are never reused
+# in one group, but a later group in this process has its own worker1
+_gathered: dict[tuple[str, str], Facts] = {}
 
 
 def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, Facts]:
@@ -286,7 +288,7 @@ def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, F
     futs = {}
     out: dict[str, Facts] = {}
     for name in wanted:
-        cached = next((f for (n, _), f in _gathered.items() if n == name), None)
+        cached = _gathered.get((s.init_method, name))
         if cached is not None:
             out[name] = cached
         elif name == s.name:
@@ -296,7 +298,7 @@ def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, F
     for name, fut in futs.items():
         out[name] = Facts.from_dict(fut.wait())
     for name, facts in out.items():
-        _gathered[(name, facts.pid)] = facts
+        _gathered[(s.init_method, name)] = facts
     return {name: out[name] for name in wanted}
 
 

@@ -153,6 +153,11 @@ class ChannelMonitor(anywidget.AnyWidget):
             self._ask_remote()
         s = session.current()
         members = s.live_names()
+        if remote and any(f"{a}->{b}" not in self._predicted
+                          for a in members for b in members if a != b):
+            from rpcnb import channels  # a member joined: ask it for its facts too
+
+            self._predicted = {f"{a}->{b}": p for (a, b), p in channels.predict_group().items()}
         mine = peer_stats()
         matrix: dict[str, Any] = {}
         for a in members:
@@ -166,7 +171,7 @@ class ChannelMonitor(anywidget.AnyWidget):
                     "transport": pred.transport.name if pred else "?",
                     "channel": cpu.name if cpu else "?",
                     "reason": (f"{pred.transport.reason}; {cpu.reason}" if pred and cpu
-                               else "joined after the monitor opened"),
+                               else "joined moments ago: predicted at the next update"),
                     "devices": {pair: c.name for pair, c in pred.channels.items()} if pred else {},
                 }
                 source = mine if a == s.name else self._remote.get(a, {})
