@@ -37,3 +37,13 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# Benchmarks (docs/benchmarks.md). `bench` is the full run (a few minutes; start it on an
+# otherwise idle machine) and writes bench/results/latest.json; `bench-quick` is a smoke
+# run of under a minute that writes bench/results/quick.json.
+.PHONY: bench bench-quick
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench.run --quick --out bench/results/quick.json

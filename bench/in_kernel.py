@@ -8,6 +8,7 @@ Magics are timed through ``get_ipython().run_cell_magic``, the call a cell makes
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -110,8 +111,8 @@ def fanout(counts: list[int], calls: int, rounds: int, warmup: int) -> dict[str,
     methods: dict[str, Callable[[], Any]] = {}
     for n in counts:
         names = [f"worker{i}" for i in range(1, n + 1)]
-        methods[f"api {n}"] = lambda names=names: rpcnb.run(names, "None")
-        methods[f"magic {n}"] = lambda line=",".join(names): ip.run_cell_magic("remote", line, "None")
+        methods[f"api {n}"] = functools.partial(rpcnb.run, names, "None")
+        methods[f"magic {n}"] = functools.partial(ip.run_cell_magic, "remote", ",".join(names), "None")
     return compare(methods, calls, rounds, warmup)
 
 
@@ -139,14 +140,13 @@ def transfer(sizes_mb: list[int], reps: dict[str, int], warmup: int) -> dict[str
 
     The time is the round trip of ``rpc_sync("worker1", consume, args=(t,))``, which
     answers with ``t.numel()``. "tensorpipe" runs with rpcnb's shared-memory path off,
-    "rpcnb" with it on; "memcpy" is ``dst.copy_(t)`` into a preallocated tensor here.
-    Whether the shared-memory path really carried a send is read from its own counters.
+    "rpcnb" with it on; "memcpy" is ``dst.copy_(t)`` into a preallocated tensor here,
+    back to back (the copy at its best), and "memcpy between calls" is the same copy
+    taking turns with the sends (as the shared-memory path's own copy does: torch's
+    copy threads have gone to sleep and must be woken, which on a busy small machine
+    can take longer than the copy). Whether the shared-memory path really carried a send
+    is read from its own counters.
     """
-    import torch
-    import torch.distributed.rpc as rpc
-
-    from bench.targets import consume
-
     shm = _shm()
     was_on = shm.is_enabled() if shm is not None else None
     out: dict[str, Any] = {
@@ -154,56 +154,66 @@ def transfer(sizes_mb: list[int], reps: dict[str, int], warmup: int) -> dict[str
         "shm_active": bool(shm.is_active()) if shm is not None and hasattr(shm, "is_active") else None,
         "sizes": {},
     }
-
-    def send(t: torch.Tensor) -> None:
-        n = rpc.rpc_sync("worker1", consume, args=(t,))
-        assert n == t.numel()
-
     try:
         for mb in sizes_mb:
-            nbytes = mb << 20
-            t = torch.ones(nbytes // 4, dtype=torch.float32)  # pages touched
-            dst = torch.empty_like(t)
-            dst.copy_(t)  # fault dst's pages in, as a reused buffer would be
             n = reps.get(str(mb), reps.get("default", 5))
-            modes = ["tensorpipe", "memcpy"] + (["rpcnb"] if shm is not None else [])
-            samples: dict[str, list[float]] = {m: [] for m in modes}
-            taken: dict[str, int] = {m: 0 for m in modes}
-
-            def once(mode: str, record: bool) -> None:
-                if mode == "memcpy":
-                    t0 = time.perf_counter()
-                    dst.copy_(t)
-                    dt = time.perf_counter() - t0
-                else:
-                    if shm is not None:
-                        shm.set_enabled(mode == "rpcnb")
-                    before = _sent(shm)
-                    t0 = time.perf_counter()
-                    send(t)
-                    dt = time.perf_counter() - t0
-                    after = _sent(shm)
-                    if record and before is not None and after is not None:
-                        taken[mode] += after - before
-                if record:
-                    samples[mode].append(dt)
-
-            for mode in modes:
-                for _ in range(warmup):
-                    once(mode, record=False)
-            for r in range(n):
-                k = r % len(modes)
-                for mode in modes[k:] + modes[:k]:
-                    once(mode, record=True)
-            out["sizes"][str(mb)] = {"bytes": nbytes, "samples": samples,
-                                     "shm_sends": taken if shm is not None and hasattr(shm, "stats") else None}
-            del t, dst
+            out["sizes"][str(mb)] = _transfer_size(mb << 20, n, warmup, shm)
         if shm is not None and hasattr(shm, "stats"):
             out["shm_stats"] = shm.stats()
     finally:
         if shm is not None and was_on is not None:
             shm.set_enabled(was_on)
     return out
+
+
+def _transfer_size(nbytes: int, n: int, warmup: int, shm: Any) -> dict[str, Any]:
+    import torch
+    import torch.distributed.rpc as rpc
+
+    from bench.targets import consume
+
+    t = torch.ones(nbytes // 4, dtype=torch.float32)  # pages touched
+    dst = torch.empty_like(t)
+    dst.copy_(t)  # fault dst's pages in, as a reused buffer would be
+    modes = ["tensorpipe", "memcpy between calls"] + (["rpcnb"] if shm is not None else [])
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    taken: dict[str, int] = {m: 0 for m in modes}
+    perf = time.perf_counter
+
+    def once(mode: str, record: bool) -> None:
+        if mode == "memcpy between calls":
+            t0 = perf()
+            dst.copy_(t)
+            dt = perf() - t0
+        else:
+            if shm is not None:
+                shm.set_enabled(mode == "rpcnb")
+            before = _sent(shm)
+            t0 = perf()
+            got = rpc.rpc_sync("worker1", consume, args=(t,))
+            dt = perf() - t0
+            assert got == t.numel(), got
+            after = _sent(shm)
+            if record and before is not None and after is not None:
+                taken[mode] += after - before
+        if record:
+            samples[mode].append(dt)
+
+    for mode in modes:
+        for _ in range(warmup):
+            once(mode, record=False)
+    for r in range(n):
+        k = r % len(modes)
+        for mode in modes[k:] + modes[:k]:
+            once(mode, record=True)
+    hot = []
+    for _ in range(n):
+        t0 = perf()
+        dst.copy_(t)
+        hot.append(perf() - t0)
+    samples["memcpy"] = hot
+    return {"bytes": nbytes, "samples": samples,
+            "shm_sends": taken if shm is not None and hasattr(shm, "stats") else None}
 
 
 # --------------------------------------------------------------------------- start-up

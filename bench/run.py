@@ -26,6 +26,7 @@ import glob
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -162,7 +163,8 @@ def run_roundtrip_kernel(cfg: dict[str, Any], results: dict[str, Any], rpc_args:
         cell(k, "%load_ext rpcnb")
         cell(k, f"%rpc_init --workers 2 {rpc_args}".strip(), timeout=300)
         results["torch_threads_in_kernel"] = cell(k, "B.emit(B.torch_threads())")
-        cell(k, "B.emit(B.start_ipp(2))", timeout=300)
+        if "1" in parts:
+            cell(k, "B.emit(B.start_ipp(2))", timeout=300)
 
         rt = cfg["rt"]
         args = f"{rt['calls']}, {rt['rounds']}, {rt['warmup']}"
@@ -327,13 +329,18 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+def _rate(gb: float, ms: float | None) -> str:
+    return "n/a" if ms is None else f"{gb / (ms / 1e3):.2f}"
+
+
 def _med(entry: dict[str, Any] | None) -> float | None:
     return None if not entry else entry["median_ms"]
 
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)
@@ -396,17 +403,15 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
     xfer = results.get("transfer")
     if xfer:
         rows = [["2. one-way CPU tensor", "tensorpipe ms", "rpcnb ms", "memcpy ms", "tp GB/s",
-                 "rpcnb GB/s", "memcpy GB/s", "tp/rpcnb", "rpcnb/memcpy"]]
+                 "rpcnb GB/s", "memcpy GB/s", "tp/rpcnb", "rpcnb/memcpy", "memcpy between calls ms"]]
         for mb, size in xfer["sizes"].items():
             gb = size["bytes"] / 1e9
             tp, cp = _med(size.get("tensorpipe")), _med(size.get("memcpy"))
             rn, rn_text = rpcnb_column(size, xfer["shm"])
 
-            def rate(ms: float | None) -> str:
-                return "n/a" if ms is None else f"{gb / (ms / 1e3):.2f}"
-
             rows.append([f"{mb} MB", _ms(size.get("tensorpipe")), rn_text, _ms(size.get("memcpy")),
-                         rate(tp), rate(rn), rate(cp), _ratio(tp, rn), _ratio(rn, cp)])
+                         _rate(gb, tp), _rate(gb, rn), _rate(gb, cp), _ratio(tp, rn), _ratio(rn, cp),
+                         _ms(size.get("memcpy between calls"))])
             if mb in ("100", "512"):
                 if rn is None:
                     target(f"{mb} MB: rpcnb >= 8x faster than tensorpipe", None, 8.0, None, rn_text)
@@ -418,7 +423,8 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
                     target(f"{mb} MB: rpcnb <= 2x memcpy", rn / cp, 2.0, rn / cp <= 2.0,
                            f"{rn / cp:.2f}x ({rn:.2f} vs {cp:.2f} ms)")
         parts.append(_table(rows) + "\n(MB = 2**20 bytes; GB/s = 1e9 bytes/s; time = round trip of "
-                     "rpc_sync(worker1, consume, args=(t,)), which returns t.numel())")
+                     "rpc_sync(worker1, consume, args=(t,)), which returns t.numel(); memcpy: dst.copy_(t) "
+                     "back to back; 'between calls': the same copy taking turns with the sends)")
 
     fan = results.get("fanout", {})
     if fan:
@@ -446,8 +452,9 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
         r = st["rpcnb"]["total_s_median"] / st["ipyparallel"]["total_s_median"]
         parts.append(_table(rows) + f"\n(rpcnb / ipyparallel total: {r:.2f}x; medians of "
                      f"{len(st['rpcnb']['runs'])} runs each)")
+        mine, theirs = st["rpcnb"]["total_s_median"], st["ipyparallel"]["total_s_median"]
         target("init to first result <= 0.5x ipyparallel", r, 0.5, r <= 0.5,
-               f"{r:.2f}x ({st['rpcnb']['total_s_median']:.2f} vs {st['ipyparallel']['total_s_median']:.2f} s)")
+               f"{r:.2f}x ({mine:.2f} vs {theirs:.2f} s)")
 
     if targets:
         rows = [["targets (issue 'Speed')", "verdict", "measured"]]
@@ -481,17 +488,25 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     results: dict[str, Any] = {}
     t0 = time.monotonic()
-    failed: BaseException | None = None
+    errors: dict[str, str] = {}
+    sections = [
+        ("1,2", only & {"1", "2"}, lambda: run_roundtrip_kernel(cfg, results, args.rpc_args, only)),
+        ("3", "3" in only, lambda: run_fanout_kernel(cfg, results, args.rpc_args)),
+        ("4", "4" in only, lambda: run_startup(cfg, results, args.rpc_args)),
+    ]
+    interrupted: BaseException | None = None
+    left: list[int] = []
     try:
-        if only & {"1", "2"}:
-            run_roundtrip_kernel(cfg, results, args.rpc_args, only)
-        if "3" in only:
-            run_fanout_kernel(cfg, results, args.rpc_args)
-        if "4" in only:
-            run_startup(cfg, results, args.rpc_args)
-    except BaseException as exc:  # report what was measured, then fail
-        failed = exc
-        log(f"benchmark failed: {exc!r}")
+        for label, wanted, section in sections:
+            if not wanted:
+                continue
+            try:
+                section()
+            except Exception as exc:  # report what was measured, go on with the next one
+                errors[label] = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(exc).__name__}: {exc}")
+                log(f"benchmark {label} failed: {errors[label][-2000:]}")
+    except BaseException as exc:  # Ctrl-C: clean up, write what there is, re-raise
+        interrupted = exc
     finally:
         time.sleep(0.2)
         left = [p for p in children_of(os.getpid()) if pid_alive(p)]
@@ -510,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print()
     print(table)
+    for label, err in errors.items():
+        print(f"\nbenchmark {label} FAILED: {err[-1500:]}")
     if leftover_shm:
         print(f"\nshared-memory files left in /dev/shm: {leftover_shm}")
 
@@ -522,17 +539,15 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "leftover_shm": leftover_shm,
         "left_processes": left,
-        "error": None if failed is None else repr(failed),
+        "errors": errors,
         "table": header + "\n\n" + table,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {out_path}")
-    if failed is not None:
-        if isinstance(failed, KeyboardInterrupt):
-            raise failed
-        return 1
-    return 0
+    if interrupted is not None:
+        raise interrupted
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
