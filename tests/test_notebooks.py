@@ -16,9 +16,8 @@ from typing import Any
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 from conftest import children_of, kill_all, pid_alive
+from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
