@@ -21,8 +21,21 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
+CHROMIUM := /usr/bin/chromium
+.PHONY: chromium
+# Debian's Chromium for tests/browser (never `playwright install`): installed when missing
+# if we are root with apt-get; otherwise the browser test skips (and fails under CI=true).
+chromium:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update && apt-get install -y chromium; \
+	  else \
+	    echo "chromium is missing and cannot be installed here (needs root and apt-get)"; \
+	  fi; \
+	fi
+
 # pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -x -q tests
 
 # ruff and mypy are not in the test extra; install them on demand.

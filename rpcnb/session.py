@@ -30,6 +30,7 @@ from rpcnb import errors, launch, rendezvous, telemetry
 from rpcnb.errors import RemoteError, RpcnbError, WorkerDiedError
 
 DEFAULT_THREADS = 16
+DEFAULT_TRANSPORTS = ["uv"]
 DEFAULT_RPC_TIMEOUT = 60.0
 START_TIMEOUT = 120.0
 INTERRUPT_GRACE = 3.0  # seconds a cell gets to stop after an interrupt
@@ -195,8 +196,10 @@ def _rpc_options(options: dict[str, Any], init_method: str) -> Any:
     }
     if options.get("channels"):
         kwargs["_channels"] = list(options["channels"])
-    if options.get("transports"):
-        kwargs["_transports"] = list(options["transports"])
+    # TensorPipe's shm transport busy-polls: each idle member burns about a third of a
+    # core (measured, docs/benchmarks.md). uv (TCP on loopback) idles at zero, and large
+    # tensors take cma or rpcnb's shared memory anyway. --transports shm,uv brings it back.
+    kwargs["_transports"] = list(options.get("transports") or DEFAULT_TRANSPORTS)  # old callers
     opts = rpc.TensorPipeRpcBackendOptions(**kwargs)
     if options.get("device_map"):
         from rpcnb.devicemap import DeviceMap
@@ -228,8 +231,8 @@ def validate_options(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RP
     opts: dict[str, Any] = {"threads": threads, "timeout": float(timeout)}
     if channels:
         opts["channels"] = ch.check_names(list(channels), "channel")
-    if transports:
-        opts["transports"] = ch.check_names(list(transports), "transport")
+    opts["transports"] = (ch.check_names(list(transports), "transport") if transports
+                          else list(DEFAULT_TRANSPORTS))
     return opts
 
 

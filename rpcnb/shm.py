@@ -19,6 +19,7 @@ them when it leaves, and the group's first kernel removes a dead member's.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import mmap
 import os
@@ -32,6 +33,7 @@ HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligne
 FREE, IN_FLIGHT = 0, 1
 DEFAULT_THRESHOLD = 1 << 20  # 1 MB
 DEFAULT_POOL_BYTES = 4 << 30  # at most this much shared memory per process
+PARALLEL_COPY_BYTES = 64 << 20  # below this, one memmove beats torch's threaded copy
 SHM_DIR = "/dev/shm"
 
 _lock = threading.Lock()
@@ -80,6 +82,29 @@ def activate(group: str) -> None:
     """Called when this process joins a single-host group named ``group``."""
     global _group
     _group = group
+    sweep()
+
+
+def sweep() -> int:
+    """Unlink buffers left by processes that died without cleaning up (for example a
+    whole process group killed at once); returns how many."""
+    removed = 0
+    for path in glob.glob(os.path.join(SHM_DIR, "rpcnb-*-*-*")):
+        try:
+            pid = int(os.path.basename(path).rsplit("-", 2)[1])
+            if os.stat(path).st_uid != os.getuid():
+                continue
+        except (ValueError, OSError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed += 1
+        except PermissionError:
+            pass
+    return removed
 
 
 def deactivate() -> None:
@@ -184,7 +209,12 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     try:
         dst = torch.frombuffer(seg.mm, dtype=tensor.dtype, count=tensor.nelement(),
                                offset=HEADER)
-        dst.view(tensor.shape).copy_(tensor)
+        if tensor.is_contiguous() and nbytes < PARALLEL_COPY_BYTES:
+            # One plain memmove (GIL released): torch's parallel copy_ first wakes its
+            # thread pool, which costs more than the copy on a busy machine.
+            ctypes.memmove(dst.data_ptr(), tensor.data_ptr(), nbytes)
+        else:
+            dst.view(tensor.shape).copy_(tensor)
         del dst
     except Exception:
         seg.mm[0] = FREE
