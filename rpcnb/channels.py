@@ -302,6 +302,11 @@ def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, F
     return {name: out[name] for name in wanted}
 
 
+def remember(group: str, name: str, facts: dict[str, Any]) -> None:
+    """Keep the facts a member reported when it joined."""
+    _gathered[(group, name)] = Facts.from_dict(facts)
+
+
 def forget() -> None:
     """Drop the kept facts (a new group starts)."""
     _gathered.clear()

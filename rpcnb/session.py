@@ -271,6 +271,9 @@ def start_member(name: str, rank: int, init_method: str, options: dict[str, Any]
         shm.activate(_group_id(init_method))
     _session = _Session(name, rank, leader, init_method, options, group_dir, runner, secret)
     worker._runner = runner
+    from rpcnb import channels
+
+    channels.local_facts()  # read now, at join: what TensorPipe decided by
     return _session
 
 
@@ -387,15 +390,22 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
         _claim_name(store, name)
         session.members[name] = Member(name, 0, socket.gethostname(), os.getpid(), "kernel",
                                        _devices())
+        # the device map is this kernel's own; workers start without one
+        worker_options = {k: v for k, v in options.items() if k != "device_map"}
         for wname in names:
             _claim_name(store, wname)
             rank = int(store.add("rpcnb/next_rank", 1))
             session.procs[wname] = launch.start_worker(wname, rank, init_method, name,
-                                                       group_dir, options, secret)
+                                                       group_dir, worker_options, secret)
         _wait_joined(session, list(session.procs.values()))
         for w in session.procs.values():
             session.members[w.name] = Member(w.name, w.rank, socket.gethostname(), w.pid,
                                              "process")
+        if session.procs:  # each worker reports its channel facts (in the background)
+            from rpcnb import channels as channel_model
+
+            threading.Thread(target=_quietly, args=(channel_model.gather, list(session.procs)),
+                             name="rpcnb-facts", daemon=True).start()
         session.watcher = threading.Thread(target=_watch, args=(session,),
                                            name="rpcnb-watch", daemon=True)
         session.watcher.start()
@@ -503,9 +513,10 @@ def join(address: str, name: str, *, token: str | None = None,
         raise
     import torch.distributed.rpc as rpc
 
-    from rpcnb import worker
+    from rpcnb import channels, worker
 
     info = worker.self_info()
+    info["facts"] = channels.local_facts()
     try:
         admitted = rpc.rpc_sync(leader, _register, timeout=10, args=(
             name, rank, info, rendezvous.proof(conn.secret, name, rank)))
@@ -548,7 +559,19 @@ def _register(name: str, rank: int, info: dict[str, Any], proof: str) -> Any:
     with s.lock:
         s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
                                  info["devices"])
-        return [(m.name, m.rank) for m in s.members.values()]
+        admitted = [(m.name, m.rank) for m in s.members.values()]
+    if info.get("facts"):
+        from rpcnb import channels
+
+        channels.remember(s.init_method, name, info["facts"])
+    return admitted
+
+
+def _quietly(func: Any, *args: Any) -> None:
+    try:
+        func(*args)
+    except Exception:
+        pass  # best effort: asked again when needed
 
 
 def _registry(token: str) -> list[tuple[str, int]]:

@@ -43,6 +43,10 @@ def test_device_map_is_checked_before_anything_starts(kernel):
                         "'torch').distributed.rpc.api._get_current_rpc_agent()"
                         "._get_backend_options().device_maps.items()}")
     assert maps == {"worker1": {"cpu": "cpu"}}
+    # the map is the kernel's own: the worker it started has none
+    assert kernel.execute(
+        "%%remote worker1 --fetch\nimport torch.distributed.rpc as rpc\n"
+        "len(rpc.api._get_current_rpc_agent()._get_backend_options().device_maps)").text == "0"
     assert kernel.execute("%%remote worker1 --fetch\n3").text == "3"
 
 
