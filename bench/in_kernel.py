@@ -102,15 +102,25 @@ def torch_threads() -> int:
 def fanout(counts: list[int], calls: int, rounds: int, warmup: int) -> dict[str, list[float]]:
     """A no-op cell on the first n workers at once, for each n in ``counts``.
 
+    ``raw n`` is torch's own ``rpc_async`` of a no-op to each at once (the floor);
     ``api n`` is ``rpcnb.run([...], "None")``, the engine behind the magic; ``magic n``
     is ``%%remote worker1,...,workern`` (for n = 1 the single-worker form ``worker1``).
     """
+    import torch.distributed.rpc as rpc
+
     import rpcnb
+    from bench.targets import noop
+
+    def raw(names: list[str]) -> None:
+        for fut in [rpc.rpc_async(name, noop) for name in names]:
+            fut.wait()
 
     ip = _ip()
     methods: dict[str, Callable[[], Any]] = {}
     for n in counts:
         names = [f"worker{i}" for i in range(1, n + 1)]
+        # the floor: torch RPC itself, a no-op to the same workers at once
+        methods[f"raw {n}"] = functools.partial(raw, names)
         methods[f"api {n}"] = functools.partial(rpcnb.run, names, "None")
         methods[f"magic {n}"] = functools.partial(ip.run_cell_magic, "remote", ",".join(names), "None")
     return compare(methods, calls, rounds, warmup)
