@@ -564,9 +564,15 @@ def _make_shell(ns: dict[str, Any]) -> Any:
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
+    class WorkerShell(InteractiveShell):
+        def enable_gui(self, gui: str | None = None) -> None:
+            # %matplotlib inline needs no event loop; a worker has no screen for others.
+            if gui not in (None, "inline"):
+                raise RuntimeError(f"A worker has no screen for the {gui!r} GUI: use "
+                                   "%matplotlib inline, figures show in the calling cell.")
+
     cfg = Config()
     cfg.HistoryManager.enabled = False
-    shell = InteractiveShell.instance(config=cfg, user_ns=ns)
-    return shell
+    return WorkerShell.instance(config=cfg, user_ns=ns)
 
 

@@ -127,6 +127,12 @@ def test_display_output_reaches_the_cell(group):
     assert out.stdout == "after\n"
 
 
+def test_matplotlib_figures_from_a_worker_show_in_the_cell(group):
+    out = group.execute("%%remote worker1\n%matplotlib inline\nimport matplotlib.pyplot as plt\n"
+                        "plt.plot([1, 2, 3])\nplt.show()")
+    assert any("image/png" in d["data"] for d in out.displays)
+
+
 def test_several_workers_run_in_parallel_with_prefixes(group):
     out = group.execute(
         "%%remote --all\nimport time, os\nprint('start')\ntime.sleep(1.5)\nprint('end')\nos.getpid()"
