@@ -60,3 +60,10 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick --out bench/results/quick.json
+
+# The documentation site (docs/, Sphinx + MyST + myst-nb): executes the tutorial notebooks
+# into docs/_build/notebooks, then sphinx-build -W (warnings are errors) into
+# docs/_build/html. The docs packages are in the test extra, so $(STAMP) installs them.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python scripts/build_docs.py
