@@ -195,6 +195,60 @@ def check_pipeline(run: Run) -> None:
     assert "{'worker1': 1, 'worker2': 1}" in text  # one thread per stage
 
 
+_PROBE_ROW = re.compile(r"(?m)^ +(1 KB|64 KB|1 MB|16 MB) +([\d.]+) ms +[\d.]+ [KMG]B/s +(\S+)$")
+
+
+def _cpu_channel_here() -> str:
+    """TensorPipe's CPU channel between two processes of this user on this machine: cma
+    unless yama or seccomp forbids it (then mpt_uv), by rpcnb's own model."""
+    from rpcnb import channels
+
+    facts = channels.Facts.from_dict(channels.local_facts())
+    return "cma" if channels.viable(facts)["cma"] is None else "mpt_uv"
+
+
+def check_channels_and_device_maps(run: Run) -> None:
+    text = run.text
+    cpu = _cpu_channel_here()
+    # the prediction: uv transport (rpcnb's default), then basic once restricted
+    assert f"default group, worker0 -> worker1: transport uv, CPU channel {cpu}" in text
+    assert re.search(rf"worker0 +worker1 +uv +cpu->cpu +{cpu} +{cpu}: ", text), text
+    assert re.search(r"worker0 +worker1 +uv +cpu->cpu +basic +basic: the data rides the uv "
+                     r"transport \(cma: not in worker1's --channels", text), text
+    # list order is priority (the what-if, no group started)
+    assert re.search(r"\{'channels': \['basic', 'mpt_uv'\]\} +-> uv / basic", text)
+    assert re.search(r"\{'channels': \['mpt_uv', 'basic'\]\} +-> uv / mpt_uv", text)
+    # the monitor saw worker1's calls to worker2, and stopped at %rpc_shutdown
+    assert run.number(r"worker1->worker2 +uv / \S+ +calls +(\d+)") >= 20
+    assert "monitor: stopped: the group was shut down" in text
+    # three probe tables (default, --tensorpipe, --channels basic): figures for each size
+    tables = text.split("probe from worker0\n")[1:]
+    assert len(tables) == 3, text
+    rows = [[(size, float(ms), path) for size, ms, path in _PROBE_ROW.findall(t)] for t in tables]
+    sizes = ["1 KB", "64 KB", "1 MB", "16 MB"]
+    assert [r[0] for r in rows[0]] == sizes * 2  # worker1 and worker2
+    assert [r[2] for r in rows[0]] == [cpu, cpu, "rpcnb_shm", "rpcnb_shm"] * 2
+    assert [(r[0], r[2]) for r in rows[1]] == [(s, cpu) for s in sizes]
+    assert [(r[0], r[2]) for r in rows[2]] == [(s, "basic") for s in sizes]
+    assert all(ms > 0 for table in rows for _, ms, _ in table)
+    # device maps: the editor's forms, the code's forms, the validation messages
+    assert "string  1_0_1,1_1_0\n" in text
+    assert "dict form:         {'worker1': {'cuda:0': 'cuda:1', 'cuda:1': 'cuda:0'}}" in text
+    assert "DI-engine string:  1_0_1,1_1_0\n" in text
+    assert ("Python snippet:    options.set_device_map('worker1', "
+            "{'cuda:0': 'cuda:1', 'cuda:1': 'cuda:0'})") in text
+    assert "the plan: valid" in text
+    assert ("duplicated target: duplicated target device: cuda:0 and cuda:1 map to the same "
+            "device cuda:1 on worker1") in text
+    assert ("missing device: worker1 has only 2 CUDA devices (cuda:0, cuda:1), so cuda:2 in "
+            "the map for worker1 does not exist there") in text
+    assert "apply: Not applied: fix the problems listed above first." in text
+    assert "DI-engine string, with the group's ranks: 1_0_0,2_1_0" in text
+    if run.number(r"CUDA devices on this machine: (\d+)") == 0:
+        assert "here: The map for worker1 sends from cuda:0, but this machine has no CUDA" in text
+        assert "problem: worker2 has no CUDA devices, so the map for worker2 cannot land on" in text
+
+
 CHECKS: dict[str, Callable[[Run], None]] = {
     "01_quickstart": check_quickstart,
     "02_cuda_rpc": check_cuda_rpc,
@@ -202,6 +256,7 @@ CHECKS: dict[str, Callable[[Run], None]] = {
     "04_a3c": check_a3c,
     "05_federated_averaging": check_federated_averaging,
     "06_pipeline": check_pipeline,
+    "07_channels_and_device_maps": check_channels_and_device_maps,
 }
 
 
