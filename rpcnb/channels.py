@@ -369,6 +369,8 @@ def _not_offered(name: str, f: Facts, kind: str) -> str:
     configured = f.transports if kind == "transport" else f.channels
     if configured is not None and name not in configured:
         flag = "--transports" if kind == "transport" else "--channels"
+        if kind == "transport" and list(configured) == ["uv"]:
+            return f"off in {f.name}: rpcnb's default transport is uv ({flag} shm,uv allows it)"
         return f"not in {f.name}'s {flag}"
     return viable(f).get(name) or f"{f.name} does not offer {name}"
 
@@ -597,5 +599,9 @@ def describe(predictions: dict[tuple[str, str], PairPrediction]) -> str:
             rows.append((src if i == 0 else "", dst if i == 0 else "",
                          p.transport.name if i == 0 else "", pair, c.name, c.reason))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
-                     for r in rows)
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True))
+                      + "  " + r[-1] for r in rows)
+    # the transport's reason is the same for most pairs: list each distinct one once
+    transports = sorted({f"{p.transport.name}: {p.transport.reason.split(': ', 1)[-1]}"
+                         for p in predictions.values()})
+    return table + "\n\ntransport: " + "\n           ".join(transports)

@@ -174,6 +174,11 @@ def is_initialized() -> bool:
     return _session is not None
 
 
+def active() -> _Session | None:
+    """This process's session, or None (compare by identity to tell groups apart)."""
+    return _session
+
+
 def current() -> _Session:
     return _require()
 
@@ -273,6 +278,8 @@ def start_member(name: str, rank: int, init_method: str, options: dict[str, Any]
     worker._runner = runner
     from rpcnb import channels
 
+    telemetry.clear()  # a new group: its worker1 is not the last group's worker1
+    channels.forget()
     channels.local_facts()  # read now, at join: what TensorPipe decided by
     return _session
 

@@ -538,6 +538,7 @@ def main(argv: list[str] | None = None) -> None:
     ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     shell = _make_shell(ns)
     _runner = CellRunner(args.name, ns, shell)
+    _runner._on_main = True  # it will own the main thread (and says "process" from now on)
     install_routing(shell)
     done = threading.Event()
 

@@ -101,7 +101,10 @@ def test_restricted_channels_follow_the_list_order_of_the_accepting_side():
 def test_restricted_transports():
     p = predict_pair(member("a", 1, transports=["uv"]), member("b", 2, transports=["uv"]))
     assert p.transport.name == "uv"
-    assert "shm: not in b's --transports" in p.transport.reason
+    assert "shm: off in b: rpcnb's default transport is uv" in p.transport.reason
+    q = predict_pair(member("a", 1, transports=["uv", "ibv"]),
+                     member("b", 2, transports=["uv", "ibv"]))
+    assert "shm: not in b's --transports" in q.transport.reason
     assert p.channels["cpu->cpu"].name == "cma"
     assert "basic: the data rides the uv" in predict_pair(
         member("a", 1, channels=["basic"], transports=["uv"]),

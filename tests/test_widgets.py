@@ -24,8 +24,9 @@ def test_channel_monitor_live_then_stopped(group):
     out = group.execute("import rpcnb\nmon = %rpc_channels\nmon")
     assert any("application/vnd.jupyter.widget-view+json" in r for r in out.results)
     cell = group.value("mon.matrix['worker1->worker2']")
-    assert (cell["transport"], cell["channel"]) == ("shm", "cma")
-    assert cell["reason"].startswith("shm: same host") and "cma: same host" in cell["reason"]
+    assert (cell["transport"], cell["channel"]) == ("uv", "cma")  # uv: rpcnb's default
+    assert cell["reason"].startswith("uv: TCP") and "cma: same host" in cell["reason"]
+    assert "rpcnb's default transport is uv" in cell["reason"]
     assert group.value("sorted(mon.members)") == ["worker0", "worker1", "worker2"]
     before = group.value("mon.updates")
     group.execute("for _ in range(5):\n    rpcnb.run('worker1', '1 + 1')")

@@ -72,6 +72,7 @@ class ChannelMonitor(anywidget.AnyWidget):
         from rpcnb import channels, session
 
         s = session.current()
+        self._session = s  # the group this monitor shows; a later group is not its own
         self._interval = interval
         self._remote_interval = remote_interval
         self._remote: dict[str, dict[str, dict[str, Any]]] = {}
@@ -100,7 +101,7 @@ class ChannelMonitor(anywidget.AnyWidget):
             self._stop.wait(self._interval)
             if self._stop.is_set():
                 break
-            if not session.is_initialized():
+            if session.active() is not self._session:
                 self._finish(STOPPED_SHUTDOWN)
                 return
             due = time.monotonic() - self._remote_at > self._remote_interval
@@ -109,7 +110,7 @@ class ChannelMonitor(anywidget.AnyWidget):
                 try:
                     self._refresh(remote=due)
                 except Exception:  # the group went away between the check and the calls
-                    if not session.is_initialized():
+                    if session.active() is not self._session:
                         self._finish(STOPPED_SHUTDOWN)
                         return
 
@@ -117,6 +118,10 @@ class ChannelMonitor(anywidget.AnyWidget):
         telemetry.unsubscribe(self._on_record)
         self._stop.set()
         self.status = why
+
+    def __repr__(self) -> str:
+        return (f"<ChannelMonitor of {self.me}'s group: {len(self.members)} members, "
+                f"{self.status}; %rpc_channels --text prints the prediction>")
 
     def stop(self) -> None:
         """Stop updating (the widget stays, with its last numbers)."""

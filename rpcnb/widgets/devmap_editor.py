@@ -79,6 +79,11 @@ class DeviceMapEditor(anywidget.AnyWidget):
     forms = traitlets.Dict().tag(sync=True)  # dict / string / python
     applied = traitlets.Unicode("").tag(sync=True)
 
+    def __repr__(self) -> str:
+        state = f"{len(self.problems)} problem(s)" if self.problems else "valid"
+        return (f"<DeviceMapEditor for {self.me}: {self.forms.get('string') or 'empty map'}, "
+                f"{state}>")
+
     def __init__(self, topology: Any = None, me: str | None = None,
                  initial: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -156,8 +156,8 @@ def test_monitor_and_editor_in_jupyterlab(lab, tmp_path):
             expect(monitor).to_be_visible()
             expect(monitor.locator("td.rpcnb-cell")).to_have_count(6)
             cell = monitor.locator("td[data-pair='worker1->worker2']")
-            expect(cell.locator(".rpcnb-path")).to_have_text("shm / cma")
-            assert cell.get_attribute("title").startswith("shm: same host")
+            expect(cell.locator(".rpcnb-path")).to_have_text("uv / cma")  # rpcnb's default transport
+            assert cell.get_attribute("title").startswith("uv: TCP")
             expect(monitor.locator("td[data-pair='worker0->worker1'] .rpcnb-num").last) \
                 .not_to_contain_text(" 0 calls")
             expect(monitor.locator("svg.rpcnb-latency polyline")).to_have_count(2)
