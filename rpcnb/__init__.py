@@ -1,22 +1,23 @@
 """rpcnb: a Jupyter notebook as the driver of a torch.distributed.rpc group.
 
 ``%load_ext rpcnb`` registers the magics and the RRef display and imports nothing heavy;
-torch is imported when a group starts. The same things are plain functions here.
+torch is imported when a group starts. Every magic has a plain function here:
+``init`` (``%rpc_init``), ``join`` (``%rpc_init --join``), ``run`` (``%%remote``),
+``group`` (``%rpc_workers``), ``interrupt`` and ``shutdown`` (``%rpc_shutdown``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDiedError
-
-if TYPE_CHECKING:
-    from rpcnb.session import Group
+from rpcnb.session import ALL, Group, group, init, interrupt, join, run, shutdown
 
 __version__ = "0.1.0"
 __all__ = [
     "ALL",
     "CompositeRemoteError",
+    "Group",
     "RemoteError",
     "RpcnbError",
     "WorkerDiedError",
@@ -29,51 +30,9 @@ __all__ = [
     "shutdown",
 ]
 
-ALL = "--all"
-
-
-def init(workers: int = 0, **kwargs: Any) -> Group:
-    """Start a group; see ``rpcnb.session.init``."""
-    from rpcnb import session
-
-    return session.init(workers, **kwargs)
-
-
-def join(address: str, name: str, **kwargs: Any) -> Group:
-    """Join a running group; see ``rpcnb.session.join``."""
-    from rpcnb import session
-
-    return session.join(address, name, **kwargs)
-
-
-def run(target: Any, source: str, **kwargs: Any) -> Any:
-    """Run a cell on worker(s); see ``rpcnb.session.run``."""
-    from rpcnb import session
-
-    return session.run(target, source, **kwargs)
-
-
-def group() -> Group:
-    """The group now (what ``%rpc_workers`` shows)."""
-    from rpcnb import session
-
-    return session.group()
-
-
-def interrupt(worker: str) -> None:
-    from rpcnb import session
-
-    session.interrupt(worker)
-
-
-def shutdown(timeout: float = 10.0) -> None:
-    """Leave the group; on the first kernel, every worker leaves first."""
-    from rpcnb import session
-
-    session.shutdown(timeout=timeout)
-
 
 def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext rpcnb``: register the magics and the RRef display (torch not imported)."""
     from rpcnb import display, launch, serialize
     from rpcnb.magics import RpcMagics
 
@@ -81,5 +40,3 @@ def load_ipython_extension(ip: Any) -> None:
     serialize.watch()
     ip.register_magics(RpcMagics)
     display.register(ip)
-
-

@@ -70,9 +70,11 @@ class Group:
 
     @property
     def join_line(self) -> str:
+        """The line another kernel on this host runs to join."""
         return f"%rpc_init --join {self.address} --name NAME"
 
     def table(self) -> str:
+        """The members as a plain-text table."""
         rows = [("name", "rank", "host", "pid", "kind", "devices", "alive", "calls", "recent")]
         for m in self.members:
             rows.append((
@@ -171,6 +173,7 @@ def _require() -> _Session:
 
 
 def is_initialized() -> bool:
+    """Whether this process is in a group now."""
     return _session is not None
 
 
@@ -180,6 +183,7 @@ def active() -> _Session | None:
 
 
 def current() -> _Session:
+    """This process's session (raises RpcnbError when it is in no group)."""
     return _require()
 
 
@@ -1021,7 +1025,8 @@ def _call_failure(s: _Session, worker: str, exc: BaseException) -> BaseException
 
 
 def interrupt(worker: str) -> None:
-    """Interrupt whatever remote cell ``worker`` is running for this process."""
+    """Interrupt whatever remote cell ``worker`` is running for this process (the cell
+    ends with KeyboardInterrupt; the worker and its namespace stay)."""
     import torch.distributed.rpc as rpc
 
     from rpcnb import worker as w

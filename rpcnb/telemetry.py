@@ -36,6 +36,7 @@ _listeners: list[Any] = []
 
 def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
            ok: bool = True, channel: str = "") -> None:
+    """Add one record (and tell the listeners)."""
     rec = Record(peer, op, start, duration, nbytes, ok, channel)
     with _lock:
         _records.append(rec)
@@ -50,6 +51,7 @@ def subscribe(listener: Any) -> None:
 
 
 def unsubscribe(listener: Any) -> None:
+    """Stop calling ``listener``."""
     if listener in _listeners:
         _listeners.remove(listener)
 
@@ -87,12 +89,14 @@ def summary(peer: str, recent: int = 20) -> dict[str, Any]:
 
 
 def clear() -> None:
+    """Forget every record (a new group starts)."""
     with _lock:
         _records.clear()
         _counts.clear()
 
 
 def now() -> float:
+    """Wall-clock time, as records store it."""
     return time.time()
 
 
