@@ -53,7 +53,7 @@ def test_api_reference_documents_the_public_functions(site: Path) -> None:
                  "rpcnb.devicemap.DeviceMap", "rpcnb.channels.predict_group",
                  "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary"):
         assert f'id="{name}"' in html, f"{name} is missing from the API reference"
-    assert "Run a cell on worker(s)" in html  # rpcnb.run's docstring
+    assert "as a cell and wait for it" in html  # rpcnb.run's docstring
 
 
 def test_magics_guide_covers_every_magic(site: Path) -> None:
