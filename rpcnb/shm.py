@@ -33,7 +33,6 @@ HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligne
 FREE, IN_FLIGHT = 0, 1
 DEFAULT_THRESHOLD = 1 << 20  # 1 MB
 DEFAULT_POOL_BYTES = 4 << 30  # at most this much shared memory per process
-PARALLEL_COPY_BYTES = 64 << 20  # below this, one memmove beats torch's threaded copy
 SHM_DIR = "/dev/shm"
 
 _lock = threading.Lock()
@@ -211,9 +210,10 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     try:
         dst = torch.frombuffer(seg.mm, dtype=tensor.dtype, count=tensor.nelement(),
                                offset=HEADER)
-        if tensor.is_contiguous() and nbytes < PARALLEL_COPY_BYTES:
-            # One plain memmove (GIL released): torch's parallel copy_ first wakes its
-            # thread pool, which costs more than the copy on a busy machine.
+        if tensor.is_contiguous():
+            # One plain memmove (GIL released). torch's parallel copy_ is no faster here
+            # (memory bound), wakes its thread pool first, and leaves those threads
+            # spinning after it, taking the cores the RPC that follows needs.
             ctypes.memmove(dst.data_ptr(), tensor.data_ptr(), nbytes)
         else:
             dst.view(tensor.shape).copy_(tensor)
