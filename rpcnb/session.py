@@ -533,8 +533,8 @@ def join(address: str, name: str, *, token: str | None = None,
             name, rank, info, rendezvous.proof(conn.secret, name, rank)))
     except Exception:
         admitted = None
-    if not admitted:
-        _refuse_locally(session)
+    if not admitted:  # the leader already dropped us from the group: just go
+        leave_group(timeout=5, graceful=False)
         raise RpcnbError(rendezvous.REFUSED.format(leader=leader))
     worker._leave_hook = lambda: leave_group()
     with session.lock:
@@ -543,19 +543,6 @@ def join(address: str, name: str, *, token: str | None = None,
         session.members[name] = Member(name, rank, info["host"], info["pid"], "kernel",
                                        info["devices"])
     return group()
-
-
-def _refuse_locally(s: _Session) -> None:
-    """A refused joiner leaves at once (the leader already dropped it from the group)."""
-    global _session
-    from rpcnb import shm
-
-    s.closing = True
-    _local_shutdown(graceful=False, timeout=5)
-    shm.deactivate()
-    if s.runner is not None:
-        s.runner.stop()
-    _session = None
 
 
 def _register(name: str, rank: int, info: dict[str, Any], proof: str) -> Any:
@@ -1112,14 +1099,14 @@ def _local_shutdown(graceful: bool, timeout: float = 10.0) -> bool:
     return not t.is_alive()
 
 
-def leave_group(timeout: float = 10.0) -> None:
+def leave_group(timeout: float = 10.0, graceful: bool = True) -> None:
     """This member leaves the group (the leader uses ``shutdown`` instead)."""
     global _session
     s = _session
     if s is None:
         return
     s.closing = True
-    _local_shutdown(graceful=True, timeout=timeout)
+    _local_shutdown(graceful=graceful, timeout=timeout)
     from rpcnb import shm
 
     shm.deactivate()
