@@ -39,6 +39,11 @@ START_FAILED = "Worker {name!r} failed to start ({how}). Its log ends with:\n{lo
 START_TIMEOUT = (
     "Worker {name!r} did not join within {timeout:g} s; it was stopped. Its log ends with:\n{log}"
 )
+RANK_FIXED = (
+    "This kernel was rank {rank} in an earlier group, and torch's distributed autograd "
+    "cannot take another rank in the same process; that rank is taken in this group: "
+    "restart the kernel to join it."
+)
 NOT_PICKLABLE = (
     "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
     "Leave out --fetch to keep it remote as an RRef."

@@ -245,6 +245,26 @@ def validate_options(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RP
     return opts
 
 
+# torch's distributed autograd keeps the first worker id a process had and refuses any
+# other one later; so a process keeps its first rank in every group it is in after that.
+_autograd_rank: int | None = None
+
+
+def _claim_rank(store: Any, rank: int) -> bool:
+    mine = f"{os.getpid()}-{uuid.uuid4().hex}"
+    return bool(store.compare_set(f"rpcnb/rank/{rank}", "", mine).decode() == mine)
+
+
+def _next_rank(store: Any) -> int:
+    """A rank nobody in this group had: counted up, skipping ranks already claimed."""
+    while True:
+        rank = int(store.add("rpcnb/next_rank", 1))
+        if rank > 32767:  # torch's worker ids are int16
+            raise RpcnbError("This group has used up its ranks (32767): start a new group.")
+        if _claim_rank(store, rank):
+            return rank
+
+
 def _claim_name(store: Any, name: str) -> None:
     mine = f"{os.getpid()}-{uuid.uuid4().hex}"
     got = store.compare_set(f"rpcnb/used/{name}", "", mine).decode()
@@ -276,6 +296,8 @@ def start_member(name: str, rank: int, init_method: str, options: dict[str, Any]
         rpc.init_rpc(name, rank=rank, rpc_backend_options=backend_options)
     else:
         _init_rpc_with_store(name, rank, store, backend_options)
+    global _autograd_rank
+    _autograd_rank = rank
     if options.get("shm", True) and options.get("one_host", True):
         shm.activate(_group_id(init_method))
     _session = _Session(name, rank, leader, init_method, options, group_dir, runner, secret)
@@ -389,8 +411,10 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
                 os.environ["TP_SOCKET_IFNAME"] = iface  # TensorPipe listens there too
         conn = rendezvous.Connection(init_method, secret, name)
         runner = _kernel_runner(name)
-        session = start_member(name, 0, init_method, options, leader=name, runner=runner,
-                               group_dir=group_dir, secret=secret, store=own_store)
+        my_rank = _autograd_rank if _autograd_rank is not None else 0
+        session = start_member(name, my_rank, init_method, options, leader=name,
+                               runner=runner, group_dir=group_dir, secret=secret,
+                               store=own_store)
         session.connection_path = rendezvous.write_connection(group_dir, conn)
         if port is not None:
             session.listen = (host, port)
@@ -399,13 +423,14 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = DEFAULT_THRE
         store = _agent_store()
         store.set("rpcnb/leader", name)
         _claim_name(store, name)
+        _claim_rank(store, my_rank)
         session.members[name] = Member(name, 0, socket.gethostname(), os.getpid(), "kernel",
                                        _devices())
         # the device map is this kernel's own; workers start without one
         worker_options = {k: v for k, v in options.items() if k != "device_map"}
         for wname in names:
             _claim_name(store, wname)
-            rank = int(store.add("rpcnb/next_rank", 1))
+            rank = _next_rank(store)
             session.procs[wname] = launch.start_worker(wname, rank, init_method, name,
                                                        group_dir, worker_options, secret)
         _wait_joined(session, list(session.procs.values()))
@@ -505,7 +530,12 @@ def join(address: str, name: str, *, token: str | None = None,
     except Exception as exc:
         raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=address)) from exc
     _claim_name(store, name)
-    rank = int(store.add("rpcnb/next_rank", 1))
+    if _autograd_rank is None:
+        rank = _next_rank(store)
+    elif not _claim_rank(store, _autograd_rank):
+        raise RpcnbError(errors.RANK_FIXED.format(rank=_autograd_rank))
+    else:
+        rank = _autograd_rank
     opts = validate_options(threads, timeout if timeout is not None else DEFAULT_RPC_TIMEOUT)
     opts["shm"] = shm
     if conn.is_tcp:
@@ -542,7 +572,30 @@ def join(address: str, name: str, *, token: str | None = None,
             session.members.setdefault(other, Member(other, other_rank))
         session.members[name] = Member(name, rank, info["host"], info["pid"], "kernel",
                                        info["devices"])
-    return group()
+    view = group()
+    lead = next((m for m in view.members if m.name == leader), None)
+    if lead is not None and lead.pid and lead.host == info["host"]:
+        threading.Thread(target=_watch_leader, args=(session, lead.pid), name="rpcnb-watch",
+                         daemon=True).start()
+    return view
+
+
+LEADER_DIED = (
+    "rpcnb: {leader}, the group's first kernel, is gone, and the group with it; this kernel "
+    "left too. %rpc_init starts a new group (or joins another)."
+)
+
+
+def _watch_leader(s: _Session, pid: int) -> None:
+    """In a joined kernel: when the first kernel dies the group cannot go on (it held the
+    rendezvous); leave at once instead of failing at the next call."""
+    while _session is s and not s.closing:
+        time.sleep(0.5)
+        if not _pid_alive(pid):
+            _mark_dead(s, s.leader, "its kernel process is gone")
+            print(LEADER_DIED.format(leader=s.leader), file=sys.stderr)
+            leave_group(timeout=5, graceful=False)
+            return
 
 
 def _register(name: str, rank: int, info: dict[str, Any], proof: str) -> Any:
@@ -588,13 +641,18 @@ def verified(token: str) -> _Session:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _watch(s: _Session) -> None:

@@ -126,3 +126,20 @@ def test_kernel_restart_stops_the_workers_it_started(group):
     group.execute("%rpc_init --workers 1")
     assert group.execute("%%remote worker1 --fetch\n'fresh'").text == "'fresh'"
     group.execute("%rpc_shutdown")
+
+
+def test_joined_kernel_leaves_when_the_first_kernel_dies(group, kernel_factory):
+    join_line = next(ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
+                     if ln.strip().startswith("%rpc_init --join")).replace("NAME", "bob")
+    bob = kernel_factory()
+    bob.execute("%load_ext rpcnb\nkept = 'mine'")
+    bob.execute(join_line)
+    os.kill(group.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while bob.value("__import__('rpcnb.session').session.is_initialized()"):
+        assert time.monotonic() < deadline, "the joined kernel did not notice"
+        time.sleep(0.3)
+    assert bob.value("kept") == "mine"  # its own namespace is untouched
+    bob.execute("%rpc_init --workers 1")  # and it can start a group of its own
+    assert bob.execute("%%remote worker1 --fetch\n'new group'").text == "'new group'"
+    bob.execute("%rpc_shutdown")
