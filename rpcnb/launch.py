@@ -31,6 +31,50 @@ def apply_quiet_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return dict(target)
 
 
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``pid`` from /proc (R, S, T, Z, ...); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, including those in a session of their own (rpcnb's
+    workers are): what to stop by pid when a kernel goes."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each pid that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def how_died(returncode: int | None) -> str:
     """'killed by SIGKILL', 'exited with code 1', ... in words."""
     if returncode is None:
@@ -66,11 +110,7 @@ class LocalWorker:
 
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP, a debugger): it answers nothing."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-        except OSError:
-            return False
+        return proc_state(self.pid) in ("T", "t")
 
     def log_tail(self, lines: int = 15) -> str:
         try:

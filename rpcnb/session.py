@@ -591,7 +591,7 @@ def _watch_leader(s: _Session, pid: int) -> None:
     rendezvous); leave at once instead of failing at the next call."""
     while _session is s and not s.closing:
         time.sleep(0.5)
-        if not _pid_alive(pid):
+        if not launch.pid_alive(pid):
             _mark_dead(s, s.leader, "its kernel process is gone")
             print(LEADER_DIED.format(leader=s.leader), file=sys.stderr)
             leave_group(timeout=5, graceful=False)
@@ -640,21 +640,6 @@ def verified(token: str) -> _Session:
     return s
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _watch(s: _Session) -> None:
     """On the leader: notice dead members within a fraction of a second, and clean up."""
     host = socket.gethostname()
@@ -667,7 +652,7 @@ def _watch(s: _Session) -> None:
                     candidates.append((w.name, w.how_died()))
             for m in s.members.values():
                 if (m.kind == "kernel" and m.name != s.name and m.alive and m.host == host
-                        and m.pid and m.name not in s.dead and not _pid_alive(m.pid)):
+                        and m.pid and m.name not in s.dead and not launch.pid_alive(m.pid)):
                     candidates.append((m.name, "its kernel process is gone"))
         for name, how in candidates:
             if s.closing:

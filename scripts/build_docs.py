@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rpcnb.launch import descendants as children_of
+from rpcnb.launch import pid_alive
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 NOTEBOOKS = ROOT / "notebooks"
@@ -38,41 +41,12 @@ LAST_CELL = "%rpc_shutdown"
 DOCS_LINK = re.compile(r"\]\(\.\./docs/")
 
 
-def children_of(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), including those in a session of their own
-    (rpcnb starts its workers that way)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_gone(pids: set[int], grace: float) -> list[int]:
     deadline = time.monotonic() + grace
-    left = sorted(p for p in pids if _alive(p))
+    left = sorted(p for p in pids if pid_alive(p))
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = [p for p in left if _alive(p)]
+        left = [p for p in left if pid_alive(p)]
     return left
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,42 +16,10 @@ from typing import Any
 import pytest
 from jupyter_client import KernelManager
 
+from rpcnb.launch import descendants, kill_all, pid_alive
 
-def children_of(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), including those in their own session."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except OSError:
-        return False
-
-
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+# The same helpers rpcnb's tools use to find and stop what a kernel started.
+children_of = descendants
 
 
 @dataclass
