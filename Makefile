@@ -38,11 +38,13 @@ chromium:
 test: $(STAMP) chromium
 	$(BIN)/python -m pytest -x -q tests
 
-# ruff and mypy are not in the test extra; install them on demand.
+# ruff and mypy are not in the test extra; install them on demand. lint-imports checks the
+# layers contract in pyproject.toml (docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/pip install -q ruff mypy
 	$(BIN)/ruff check rpcnb scripts
 	$(BIN)/mypy rpcnb
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf notebooks/executed build dist .pytest_cache .mypy_cache .ruff_cache

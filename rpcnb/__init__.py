@@ -4,14 +4,18 @@
 torch is imported when a group starts. Every magic has a plain function here:
 ``init`` (``%rpc_init``), ``join`` (``%rpc_init --join``), ``run`` (``%%remote``),
 ``group`` (``%rpc_workers``), ``interrupt`` and ``shutdown`` (``%rpc_shutdown``).
+They are ``rpcnb.session``'s, loaded on first use.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDiedError
-from rpcnb.session import ALL, Group, group, init, interrupt, join, run, shutdown
+from rpcnb.state import ALL, Group
+
+if TYPE_CHECKING:
+    from rpcnb.session import group, init, interrupt, join, run, shutdown
 
 __version__ = "0.1.0"
 __all__ = [
@@ -29,6 +33,17 @@ __all__ = [
     "run",
     "shutdown",
 ]
+
+_API = ("group", "init", "interrupt", "join", "run", "shutdown")
+
+
+def __getattr__(name: str) -> Any:
+    # the API lives in rpcnb.session, which imports torch: load it when first asked for
+    if name in _API:
+        from rpcnb import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
 
 
 def load_ipython_extension(ip: Any) -> None:

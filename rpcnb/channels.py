@@ -3,54 +3,21 @@ predicts TensorPipe's choice for every pair of members.
 
 TensorPipe picks one transport per pipe and, per (source device, target device) pair, the
 highest-priority channel both sides find viable (DESIGN.md, "TensorPipe channel choice").
-Each member reports the facts that choice depends on (``local_facts``, an RPC target);
+Each member reports the facts that choice depends on (``local_facts``, read by
+``rpcnb.machine``, sent to the leader when the member registers);
 ``predict`` turns them into a transport and channels per pair, with the reason; and
 ``observed`` reads what TensorPipe's own verbose log says it did, to check the model.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 import re
-import socket
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-# name -> priority, as registered by torch 2.x
-TRANSPORTS = {"shm": 200, "ibv": 100, "uv": 0}
-CHANNELS = {
-    "cma": 1200,
-    "mpt_uv": 1100,
-    "basic": 1000,
-    "cuda_xth": 400,
-    "cuda_ipc": 300,
-    "cuda_gdr": 200,
-    "cuda_basic": 0,
-}
-
-UNKNOWN_NAME = "Unknown TensorPipe {kind} {name!r}: choose from {known}."
-
-
-def check_names(names: list[str], kind: str) -> list[str]:
-    """Validate a ``--channels``/``--transports`` list; return it cleaned, order kept."""
-    known = CHANNELS if kind == "channel" else TRANSPORTS
-    out: list[str] = []
-    for raw in names:
-        name = raw.strip()
-        if not name:
-            continue
-        if name not in known:
-            raise ValueError(UNKNOWN_NAME.format(kind=kind, name=name, known=", ".join(known)))
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise ValueError(f"The {kind} list is empty: name at least one of {', '.join(known)}.")
-    if kind == "channel" and not any(n in out for n in ("basic", "mpt_uv", "cma")):
-        raise ValueError("The channel list has no CPU channel: include basic (always viable).")
-    return out
-
+from rpcnb import protocol, roster, state, text
+from rpcnb.machine import Facts, process_facts
+from rpcnb.options import CHANNELS, TRANSPORTS
 
 # =========================================================================== the model
 #
@@ -78,238 +45,43 @@ CUDA_CHANNELS = ("cuda_xth", "cuda_ipc", "cuda_gdr", "cuda_basic")
 NOT_IN_GROUP = "{name!r} is not a member of the group ({known}): name a member shown by %rpc_workers."
 
 
-@dataclass
-class Facts:
-    """What one member reports: everything TensorPipe decides a pipe by."""
-
-    name: str
-    host: str
-    pid: int
-    boot_id: str
-    net_ns: str
-    pid_ns: str
-    user_ns: str
-    uids: tuple[int, int, int]  # real, effective, saved-set
-    gids: tuple[int, int, int]
-    dumpable: bool
-    cap_permitted: str  # CapPrm from /proc/self/status
-    lsms: list[str] | None  # /sys/kernel/security/lsm; None when unreadable
-    ptrace_scope: int | None  # yama; None when yama is absent
-    cma_selftest: bool  # process_vm_readv on itself works (no seccomp filter)
-    memfd: bool  # a 1 MB memfd can be created and mapped (shm transport)
-    ibverbs: bool  # libibverbs loads
-    ib_devices: list[str]
-    socket_ifname: str  # TP_SOCKET_IFNAME ('' when unset)
-    cuda_built: bool  # this torch has CUDA channels at all
-    cuda_devices: list[dict[str, Any]] = field(default_factory=list)  # index, uuid, name
-    p2p: dict[str, dict[str, bool]] = field(default_factory=dict)  # uuid -> uuid -> ok
-    nv_peer_mem: bool = False
-    transports: list[str] | None = None  # the _transports it was started with
-    channels: list[str] | None = None  # the _channels it was started with
-    torch: str = ""
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Facts:
-        data = dict(data)
-        data["uids"] = tuple(data["uids"])
-        data["gids"] = tuple(data["gids"])
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# -- reading this process's facts ------------------------------------------------------
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _ns(kind: str) -> str:
-    try:
-        return os.readlink(f"/proc/self/ns/{kind}")
-    except OSError:
-        return ""
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-def cma_selftest() -> bool:
-    """What TensorPipe checks: process_vm_readv on ourselves (only seccomp can refuse)."""
-    try:
-        libc = _libc()
-        src = ctypes.c_uint64(0x0123456789ABCDEF)
-        dst = ctypes.c_uint64(0)
-        local = _IoVec(ctypes.cast(ctypes.byref(dst), ctypes.c_void_p), 8)
-        remote = _IoVec(ctypes.cast(ctypes.byref(src), ctypes.c_void_p), 8)
-        libc.process_vm_readv.restype = ctypes.c_ssize_t
-        n = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        return bool(n == 8 and dst.value == src.value)
-    except (OSError, AttributeError):
-        return False
-
-
-def _dumpable() -> bool:
-    try:
-        return bool(_libc().prctl(3, 0, 0, 0, 0) == 1)  # PR_GET_DUMPABLE; SUID_DUMP_USER
-    except (OSError, AttributeError):
-        return False
-
-
-def _memfd_works() -> bool:
-    import mmap
-
-    try:
-        fd = os.memfd_create("rpcnb-shm-check", getattr(os, "MFD_CLOEXEC", 1))
-    except (OSError, AttributeError):
-        return False
-    try:
-        os.ftruncate(fd, 1 << 20)
-        mm = mmap.mmap(fd, 1 << 20)
-        mm[0] = 1
-        mm.close()
-        return True
-    except (OSError, ValueError):
-        return False
-    finally:
-        os.close(fd)
-
-
-def _cap_permitted() -> str:
-    for line in (_read("/proc/self/status") or "").splitlines():
-        if line.startswith("CapPrm:"):
-            return line.split()[1]
-    return ""
-
-
-def _ibverbs() -> bool:
-    try:
-        ctypes.CDLL("libibverbs.so.1")
-        return True
-    except OSError:
-        return False
-
-
-def _cuda_facts() -> tuple[bool, list[dict[str, Any]], dict[str, dict[str, bool]]]:
-    import torch
-
-    built = torch.version.cuda is not None
-    if not (built and torch.cuda.is_available()):
-        return built, [], {}
-    devices: list[dict[str, Any]] = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        devices.append({"index": i, "uuid": str(getattr(props, "uuid", f"index-{i}")),
-                        "name": props.name})
-    p2p: dict[str, dict[str, bool]] = {}
-    for a in devices:
-        row = p2p.setdefault(a["uuid"], {})
-        for b in devices:
-            row[b["uuid"]] = a is b or bool(torch.cuda.can_device_access_peer(a["index"], b["index"]))
-    return built, devices, p2p
-
-
-_local: dict[str, Any] | None = None
-
-
 def local_facts() -> dict[str, Any]:
-    """This process's facts, as a plain dict (an RPC target: every member can answer).
-
-    Read once per process, at the first call: they are fixed while the process is in a
-    group (TensorPipe read the same things when it started).
-    """
-    global _local
-    if _local is None:
-        scope = _read("/proc/sys/kernel/yama/ptrace_scope")
-        lsm = _read("/sys/kernel/security/lsm")
-        try:
-            ib = sorted(os.listdir("/sys/class/infiniband"))
-        except OSError:
-            ib = []
-        built, devices, p2p = _cuda_facts()
-        import torch
-
-        _local = Facts(
-            name="", host=socket.gethostname(), pid=os.getpid(),
-            boot_id=_read("/proc/sys/kernel/random/boot_id") or "",
-            net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
-            uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
-            cap_permitted=_cap_permitted(),
-            lsms=[x for x in lsm.split(",") if x] if lsm is not None else None,
-            ptrace_scope=int(scope) if scope and scope.isdigit() else None,
-            cma_selftest=cma_selftest(), memfd=_memfd_works(), ibverbs=_ibverbs(),
-            ib_devices=ib, socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""),
-            cuda_built=built, cuda_devices=devices, p2p=p2p,
-            nv_peer_mem=any(os.path.exists(f"/sys/module/{m}")
-                            for m in ("nv_peer_mem", "nvidia_peermem")),
-            torch=torch.__version__,
-        ).to_dict()
-    facts = dict(_local)
-    try:
-        from rpcnb import session
-
-        s = session.current()
+    """This process's facts, as a plain dict: the machine's (``rpcnb.machine``), with its
+    name and TensorPipe settings when it is in a group. Other members get them with the
+    ``facts`` request."""
+    facts = process_facts()
+    s = state.active()
+    if s is not None:
         facts["name"] = s.name
         facts["transports"] = s.options.get("transports")
         facts["channels"] = s.options.get("channels")
-    except Exception:
-        pass
     return facts
 
 
-# (group address, name) -> facts: fixed while the member lives; names are never reused
-# in one group, but a later group in this process has its own worker1
-_gathered: dict[tuple[str, str], Facts] = {}
-
-
 def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, Facts]:
-    """Every live member's facts (asked over RPC once per member, then kept)."""
-    import torch.distributed.rpc as rpc
-
-    from rpcnb import session
-
-    s = session.current()
-    live = s.live_names()
+    """Every live member's facts: reported when it registered, else asked over RPC once,
+    then kept with the group (a later group in this process has its own worker1)."""
+    s = state.current()
+    live = roster.live_names(s)
     wanted = live if names is None else names
     for name in wanted:
         if name not in live:
             raise ValueError(NOT_IN_GROUP.format(name=name, known=", ".join(live)))
     futs = {}
-    out: dict[str, Facts] = {}
     for name in wanted:
-        cached = _gathered.get((s.init_method, name))
-        if cached is not None:
-            out[name] = cached
-        elif name == s.name:
-            out[name] = Facts.from_dict(local_facts())
-        else:
-            futs[name] = rpc.rpc_async(name, local_facts, timeout=timeout)
+        with s.lock:
+            known = name in s.facts
+        if name == s.name and not known:
+            with s.lock:
+                s.facts[name] = local_facts()
+        elif not known:
+            futs[name] = protocol.call_async(s.token, name, "facts", timeout=timeout)
     for name, fut in futs.items():
-        out[name] = Facts.from_dict(fut.wait())
-    for name, facts in out.items():
-        _gathered[(s.init_method, name)] = facts
-    return {name: out[name] for name in wanted}
-
-
-def remember(group: str, name: str, facts: dict[str, Any]) -> None:
-    """Keep the facts a member reported when it joined."""
-    _gathered[(group, name)] = Facts.from_dict(facts)
-
-
-def forget() -> None:
-    """Drop the kept facts (a new group starts)."""
-    _gathered.clear()
+        got = fut.wait()
+        with s.lock:
+            s.facts[name] = got
+    with s.lock:
+        return {name: Facts.from_dict(s.facts[name]) for name in wanted}
 
 
 # -- what each process registers ---------------------------------------------------------
@@ -598,9 +370,7 @@ def describe(predictions: dict[tuple[str, str], PairPrediction]) -> str:
         for i, (pair, c) in enumerate(p.channels.items()):
             rows.append((src if i == 0 else "", dst if i == 0 else "",
                          p.transport.name if i == 0 else "", pair, c.name, c.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True))
-                      + "  " + r[-1] for r in rows)
+    table = text.table(rows)
     # the transport's reason is the same for most pairs: list each distinct one once
     transports = sorted({f"{p.transport.name}: {p.transport.reason.split(': ', 1)[-1]}"
                          for p in predictions.values()})

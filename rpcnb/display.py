@@ -21,7 +21,7 @@ def _size(nbytes: int) -> str:
 
 def describe_rref(rref: Any) -> tuple[str, dict[str, Any] | None, str]:
     """(owner name, description or None, error text) of an RRef."""
-    from rpcnb import worker
+    from rpcnb import protocol, state, values
 
     try:
         owner = rref.owner_name()
@@ -29,13 +29,8 @@ def describe_rref(rref: Any) -> tuple[str, dict[str, Any] | None, str]:
         return "?", None, str(exc)
     try:
         if rref.is_owner():
-            return owner, worker.describe(rref.local_value()), ""
-        import torch.distributed.rpc as rpc
-
-        from rpcnb import session
-
-        token = session.current().token
-        info = rpc.rpc_sync(owner, worker._describe_rref, args=(token, rref), timeout=5)
+            return owner, values.describe(rref.local_value()), ""
+        info = protocol.call(state.current().token, owner, "describe_rref", rref, timeout=5)
         return owner, info, ""
     except Exception as exc:
         return owner, None, f"unreachable: {str(exc).splitlines()[0] if str(exc) else exc!r}"
@@ -88,7 +83,8 @@ def rref_html(rref: Any) -> str:
 
 
 def register(ip: Any) -> None:
-    """Show RRefs with ``rref_pretty``/``rref_html`` (by name: imports nothing heavy)."""
+    """Show RRefs with ``rref_pretty``/``rref_html``. By the type's name, so that nothing
+    heavy is imported: rpc.remote returns torch._C._distributed_rpc.PyRRef."""
     formatters = ip.display_formatter.formatters
     formatters["text/plain"].for_type_by_name("torch._C._distributed_rpc", "PyRRef", rref_pretty)
     formatters["text/html"].for_type_by_name("torch._C._distributed_rpc", "PyRRef", rref_html)

@@ -44,6 +44,11 @@ RANK_FIXED = (
     "cannot take another rank in the same process; that rank is taken in this group: "
     "restart the kernel to join it."
 )
+IFACE_FIXED = (
+    "TensorPipe in this process listens on {fixed!r} until the process exits (torch reads "
+    "TP_SOCKET_IFNAME once per process), so it cannot start a group on {wanted!r}: "
+    "restart the kernel first."
+)
 NOT_PICKLABLE = (
     "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
     "Leave out --fetch to keep it remote as an RRef."

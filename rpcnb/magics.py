@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from rpcnb import errors
+from rpcnb import errors, options, state
 
 NO_TARGET = "Name the worker(s) to run on, e.g. %%remote worker1 or %%remote worker1,worker2, or use --all."
 NO_EXPR = "Give the expression to run: %remote worker1 EXPR (or use %%remote for a whole cell)."
@@ -117,13 +117,6 @@ def parse_remote_line(line: str, cell: str | None) -> tuple[Any, str]:
     return args, code
 
 
-def _applied_device_map() -> Any:
-    """The map %rpc_devmap's "apply" kept, or None (rpcnb.widgets imports nothing heavy)."""
-    from rpcnb.widgets import applied_device_map
-
-    return applied_device_map()
-
-
 @magics_class
 class RpcMagics(Magics):
     """%rpc_init, %%remote, %remote, %rpc_workers, %rpc_shutdown."""
@@ -156,8 +149,8 @@ class RpcMagics(Magics):
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
-        elif _applied_device_map() is not None:
-            kwargs["device_map"] = _applied_device_map()
+        elif options.applied_device_map() is not None:
+            kwargs["device_map"] = options.applied_device_map()
         if args.threads is not None:
             kwargs["threads"] = args.threads
         if args.timeout is not None:
@@ -209,7 +202,7 @@ class RpcMagics(Magics):
             if name not in user_ns:
                 raise UsageError(PUSH_MISSING.format(name=name))
             push[name] = user_ns[name]
-        target = session.ALL if args.all else args.target
+        target = state.ALL if args.all else args.target
         try:
             result = session.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
         except (errors.WorkerDiedError, errors.RemoteError):
@@ -239,11 +232,11 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_shutdown(self, line: str) -> None:
         """Leave the group: workers first, this kernel last. Never hangs."""
+        args = _parse(self.rpc_shutdown, line)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
         from rpcnb import session
 
-        args = _parse(self.rpc_shutdown, line)
-        if not session.is_initialized():
-            raise UsageError(errors.NOT_INITIALIZED)
         session.shutdown(timeout=args.timeout)
         print("rpcnb: left the group; %rpc_init starts a new one.")
 
@@ -259,11 +252,10 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_probe(self, line: str) -> Any:
         """Round-trip latency and bandwidth to each peer, 1 KB to 256 MB; kept in telemetry."""
-        from rpcnb import probe, session
-
         args = parse_argstring(self.rpc_probe, line)
-        if not session.is_initialized():
+        if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import probe
         try:
             sizes = [probe.parse_size(x) for x in _csv(args.sizes) or []] or None
             workers = [w for item in args.workers for w in _csv(item) or []]
@@ -279,11 +271,10 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_channels(self, line: str) -> Any:
         """The channel monitor: predicted paths, measured latency and bandwidth per pair."""
-        from rpcnb import channels, session
-
         args = parse_argstring(self.rpc_channels, line)
-        if not session.is_initialized():
+        if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import channels
         if args.interval <= 0:
             raise UsageError(f"--interval must be a positive number of seconds, not {args.interval}.")
         try:

@@ -4,7 +4,8 @@ sending one tensor, over sizes from 1 KB to 256 MB.
 Every measurement goes into telemetry as a record with op ``"probe"`` (``nbytes`` the
 size, 0 for the empty call; ``duration`` the median round trip; ``channel`` the path the
 tensor took), so the channel monitor and ``telemetry.records()`` keep the results.
-``probe_echo`` and ``probe_sink`` are the RPC targets; every member can run them.
+The peer answers the requests ``probe_echo`` (nothing) and ``probe_sink`` (a tensor in,
+its size back) of ``rpcnb.handlers``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import telemetry
+from rpcnb import channels, protocol, roster, shm, state, telemetry, text
 
 OP = "probe"
 DEFAULT_SIZES = [1024 * 4**i for i in range(10)]  # 1 KB, 4 KB, ... 256 MB
@@ -29,16 +30,6 @@ BAD_REPEATS = "repeats must be a whole number >= 1, not {value!r}."
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30}
-
-
-def probe_echo() -> None:
-    """RPC target: nothing, for the round trip of an empty call."""
-    return None
-
-
-def probe_sink(tensor: Any) -> int:
-    """RPC target: receive a tensor and answer with its size only."""
-    return int(tensor.element_size() * tensor.nelement())
 
 
 def parse_size(text: str) -> int:
@@ -117,9 +108,7 @@ class ProbeResults:
             for q in p.points:
                 rows.append(("", format_size(q.nbytes), f"{q.seconds * 1e3:.3f} ms",
                              format_rate(q.bytes_per_s), q.channel))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                         for r in rows)
+        return text.table(rows)
 
     def __str__(self) -> str:
         return f"probe from {self.me}\n{self.table()}"
@@ -183,12 +172,9 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
     kept). ``tensorpipe_only`` keeps large tensors off rpcnb's shared-memory path, to
     measure TensorPipe's own channel."""
     import torch
-    import torch.distributed.rpc as rpc
 
-    from rpcnb import channels, session, shm
-
-    s = session.current()
-    live = s.live_names()
+    s = state.current()
+    live = roster.live_names(s)
     peers = [n for n in live if n != s.name] if not workers else list(workers)
     for name in peers:
         if name == s.name:
@@ -211,7 +197,7 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
     try:
         for peer in peers:
             def echo(peer: str = peer) -> None:
-                rpc.rpc_sync(peer, probe_echo)
+                protocol.call(s.token, peer, "probe_echo", timeout=None)
 
             echo()  # the pipe exists before anything is timed
             start = telemetry.now()
@@ -228,9 +214,9 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
                 def send(tensor: Any = tensor, peer: str = peer) -> None:
                     if tensorpipe_only:
                         with shm.suppressed():
-                            rpc.rpc_sync(peer, probe_sink, args=(tensor,))
+                            protocol.call(s.token, peer, "probe_sink", tensor, timeout=None)
                     else:
-                        rpc.rpc_sync(peer, probe_sink, args=(tensor,))
+                        protocol.call(s.token, peer, "probe_sink", tensor, timeout=None)
 
                 path = tp_channel if tensorpipe_only or not shm.wants(tensor) else "rpcnb_shm"
                 start = telemetry.now()

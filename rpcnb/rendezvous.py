@@ -26,8 +26,8 @@ from typing import Any
 
 from rpcnb import errors
 from rpcnb.errors import RpcnbError
+from rpcnb.machine import BAD_HOST
 
-STORE_PREFIX = "rpc_prefix_0"  # the prefix torch gives the first init in a process
 CONNECTION_FILE = "connection.json"
 
 PORT_BUSY = (
@@ -38,7 +38,6 @@ REMOTE_NEEDS_FLAG = (
     "--host {host} is not a loopback address: anyone who reaches it can run code in this "
     "group (TensorPipe and the store do not authenticate); add --allow-remote to accept that."
 )
-BAD_HOST = "--host {host!r} is not an IP address of this machine: {reason}."
 NEEDS_SECRET = (
     "Joining {addr} needs the group's secret: pass the connection file that %rpc_init "
     "printed (--join PATH/connection.json), or --token TOKEN."
@@ -161,8 +160,9 @@ def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
     return store, bound
 
 
-def open_store(address: str, timeout: float = 5.0) -> Any:
-    """The group's store as a client, under the prefix torch uses for the first init."""
+def open_store(address: str, timeout: float = 5.0, prefixed: bool = True) -> Any:
+    """The group's store as a client, under the prefix torch uses for the first init
+    (``prefixed=False``: as it is, for ``init_rpc`` to add that prefix itself)."""
     import torch.distributed as dist
 
     if address.startswith("file://"):
@@ -181,38 +181,8 @@ def open_store(address: str, timeout: float = 5.0) -> Any:
     else:
         raise ValueError(f"Unsupported rendezvous address {address!r}: use a connection "
                          "file, file://PATH or tcp://HOST:PORT.")
+    if not prefixed:
+        return store
+    from rpcnb._torch import STORE_PREFIX
+
     return dist.PrefixStore(STORE_PREFIX, store)
-
-
-def interface_of(host: str) -> str:
-    """The network interface that owns ``host`` (for TP_SOCKET_IFNAME)."""
-    import fcntl
-    import struct
-
-    if ipaddress.ip_address(host).is_loopback:
-        return "lo"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for _, ifname in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
-                                     struct.pack("256s", ifname.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(packed[20:24]) == host:
-                return ifname
-    finally:
-        probe.close()
-    raise ValueError(BAD_HOST.format(host=host, reason="no interface has that address"))
-
-
-def interface_towards(host: str, port: int) -> str:
-    """The interface this machine would use to reach ``host`` (for a remote joiner)."""
-    if ipaddress.ip_address(host).is_loopback:
-        return "lo"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((host, port))  # UDP: picks a route, sends nothing
-        return interface_of(probe.getsockname()[0])
-    finally:
-        probe.close()

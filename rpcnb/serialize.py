@@ -1,10 +1,15 @@
-"""Ship notebook-defined code by value over torch RPC.
+"""Ship notebook-defined code by value over torch RPC, and record every call.
 
 torch's RPC pickler sends functions and classes by reference, so a function defined in a
 notebook cell fails on the other side, or silently runs the callee's own function of the
 same name. rpcnb swaps in a cloudpickle-based pickler: anything defined in ``__main__``
 (notebook cells, remote cells) travels by value, while tensors and RRefs keep going
-through torch's own tables so device maps and channels still apply.
+through torch's own tables so device maps and channels still apply. Large CPU tensors to
+a same-host peer take rpcnb's shared memory (``rpcnb.shm``).
+
+``install()`` also hooks torch's rpc_sync / rpc_async / remote so every call this process
+makes is recorded in ``rpcnb.telemetry``. ``watch()`` (what ``%load_ext rpcnb`` calls)
+installs both as soon as the user's code imports torch.
 """
 
 from __future__ import annotations
@@ -14,59 +19,43 @@ import importlib.abc
 import importlib.machinery
 import io
 import sys
+import threading
 import time
 import types
 from collections import ChainMap
 from typing import Any
 
+from rpcnb import shm, telemetry
+
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
 _TARGET = "torch"
+_install_lock = threading.Lock()
 _installed = False
 
 
-def _serialize(self: Any, obj: Any) -> tuple[bytes, list[Any]]:
+def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     """torch's ``_InternalRPCPickler.serialize``, with cloudpickle's by-value reducers."""
     import cloudpickle
     import torch
-    import torch.distributed as dist
-    from torch.distributed.rpc import internal
+
+    from rpcnb import _torch
 
     f = io.BytesIO()
-    table = dict(self._dispatch_table)
-    table[dist.rpc.PyRRef] = self._py_rref_reducer
-    table[dist.rpc.RRef] = self._rref_reducer
-    if isinstance(obj, torch.jit.ScriptModule):
-        table[obj.__class__] = self._script_module_reducer
-    table.update(self._class_reducer_dict)
+    table = _torch.pickler_table(obj)
     # torch's reducers return classmethods, which cloudpickle would ship by value
     # (with the thread-local tensor tables in their globals); pickle them by name.
     table[types.MethodType] = _reduce_method
-    table[torch.Tensor] = functools.partial(_reduce_tensor, self._tensor_reducer)
+    table[torch.Tensor] = functools.partial(_reduce_tensor, _torch.tensor_reducer())
     # cloudpickle's own table (code objects, cells, ...) sits under torch's.
     p = _pickler_class()(f, ChainMap(table, cloudpickle.Pickler.dispatch_table))
-
-    tables = internal._thread_local_tensor_tables
-    old = getattr(tables, "send_tables", None)
-    tables.send_tables = []
-    try:
+    with _torch.send_tables() as tensors:
         p.dump(obj)
-        tensors = tables.send_tables
-    finally:
-        if old is not None:
-            tables.send_tables = old
-        else:
-            del tables.send_tables
     return f.getvalue(), tensors
-
-
-_PICKLER: Any = None
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
     """Large CPU tensors to a same-host peer take rpcnb's shared-memory path."""
-    from rpcnb import shm, telemetry
-
     if shm.wants(tensor):
         start, t0 = telemetry.now(), time.perf_counter()
         reduced = shm.export(tensor)
@@ -80,6 +69,9 @@ def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
 
 def _reduce_method(m: types.MethodType) -> tuple[Any, tuple[Any, str]]:
     return getattr, (m.__self__, m.__func__.__name__)
+
+
+_PICKLER: Any = None
 
 
 def _pickler_class() -> Any:
@@ -98,23 +90,46 @@ def _pickler_class() -> Any:
     return _PICKLER
 
 
+_rref_future: Any = None  # rpcnb._torch.rref_future, once installed
+
+
+def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any) -> Any:
+    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry."""
+    peer = to if isinstance(to, str) else str(getattr(to, "name", to))
+    index = getattr(func, "rpcnb_op_index", None)
+    if index is not None and isinstance(args, tuple) and len(args) > index:
+        op = str(args[index])  # rpcnb's own request: named by its operation
+    else:
+        op = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
+    with telemetry.sending(peer):
+        result = send()
+    is_rref = not hasattr(result, "add_done_callback")
+    try:
+        fut = _rref_future(result) if is_rref else result
+    except Exception:
+        return result
+    telemetry.watch(fut, peer, ("remote:" if is_rref else "") + op,
+                    telemetry.tensor_bytes(args, kwargs))
+    return result
+
+
 def install() -> None:
-    """Make torch's RPC pickler ship ``__main__`` code by value (idempotent).
-
-    Imports torch; call it only where torch is needed anyway. ``watch()`` defers it
-    until the user's code imports torch itself.
-    """
+    """Make torch's RPC pickler ship ``__main__`` code by value, and record every call
+    (idempotent). Imports torch; ``watch()`` defers it until the user's code does."""
     global _installed
-    if _installed:
-        return
-    from torch.distributed.rpc import internal
+    loading = sys.modules.get("rpcnb._torch")
+    if loading is not None and not getattr(loading, "LOADED", False):
+        return  # rpcnb._torch is importing torch right now; start_member installs later
+    with _install_lock:
+        if _installed:
+            return
+        from rpcnb import _torch
 
-    pickler = internal._internal_rpc_pickler
-    pickler.serialize = types.MethodType(_serialize, pickler)  # type: ignore[method-assign]
-    from rpcnb import telemetry
-
-    telemetry.install()
-    _installed = True
+        global _rref_future
+        _rref_future = _torch.rref_future
+        _torch.patch_serialize(_serialize)
+        _torch.hook_calls(_record_call)
+        _installed = True
 
 
 def is_installed() -> bool:

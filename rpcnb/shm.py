@@ -62,6 +62,11 @@ _counter = 0
 _peer_maps: dict[str, mmap.mmap] = {}
 
 
+def _count(key: str, n: int = 1) -> None:
+    with _lock:  # counters are bumped from several RPC threads at once
+        _stats[key] += n
+
+
 def set_enabled(flag: bool) -> None:
     """Turn the path on or off in this process (the sender decides)."""
     global _enabled
@@ -205,7 +210,7 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     nbytes = tensor.element_size() * tensor.nelement()
     seg = _acquire(nbytes)
     if seg is None:
-        _stats["fallbacks"] += 1
+        _count("fallbacks")
         return None
     try:
         dst = torch.frombuffer(seg.mm, dtype=tensor.dtype, count=tensor.nelement(),
@@ -220,10 +225,10 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
         del dst
     except Exception:
         seg.mm[0] = FREE
-        _stats["fallbacks"] += 1
+        _count("fallbacks")
         return None
-    _stats["sent"] += 1
-    _stats["sent_bytes"] += nbytes
+    _count("sent")
+    _count("sent_bytes", nbytes)
     return _rebuild, (seg.name, HEADER + seg.size, str(tensor.dtype), tuple(tensor.shape))
 
 
@@ -258,7 +263,7 @@ def _rebuild(name: str, total: int, dtype: str, shape: tuple[int, ...]) -> Any:
     weakref.finalize(view, _release, mm)
     tensor = torch.frombuffer(view, dtype=torch_dtype, count=count).view(shape)
     del view  # only the tensor's storage holds it now
-    _stats["received"] += 1
+    _count("received")
     return tensor
 
 

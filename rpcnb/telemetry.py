@@ -2,12 +2,14 @@
 
 A bounded ring buffer per process, cheap enough to sit on every call (one deque append
 under a lock), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
-records. ``install()`` hooks torch's RPC entry points so plain ``rpc.rpc_sync`` /
-``rpc_async`` / ``remote`` calls made in a notebook are recorded too.
+records. ``rpcnb.serialize.install()`` hooks torch's RPC entry points so that plain
+``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too.
 """
 
 from __future__ import annotations
 
+import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -41,19 +43,22 @@ def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
     with _lock:
         _records.append(rec)
         _counts[peer] = _counts.get(peer, 0) + 1
-    for listener in _listeners:
+        listeners = tuple(_listeners)  # a snapshot: others may (un)subscribe meanwhile
+    for listener in listeners:
         listener(rec)
 
 
 def subscribe(listener: Any) -> None:
     """Call ``listener(record)`` for every new record (keep it fast: it runs inline)."""
-    _listeners.append(listener)
+    with _lock:
+        _listeners.append(listener)
 
 
 def unsubscribe(listener: Any) -> None:
     """Stop calling ``listener``."""
-    if listener in _listeners:
-        _listeners.remove(listener)
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
 
 
 def records(peer: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
@@ -102,77 +107,29 @@ def now() -> float:
 
 def tensor_bytes(args: Any, kwargs: Any = None) -> int:
     """Bytes of the tensors among call arguments (one level deep: cheap)."""
-    import torch
-
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    tensor = torch.Tensor
     total = 0
-    items = list(args or ()) + list((kwargs or {}).values())
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            total += item.element_size() * item.nelement()
-        elif isinstance(item, (list, tuple)):
-            total += sum(x.element_size() * x.nelement() for x in item
-                         if isinstance(x, torch.Tensor))
+    for group in (args or (), (kwargs or {}).values()):
+        for item in group:
+            if isinstance(item, tensor):
+                total += item.element_size() * item.nelement()
+            elif isinstance(item, (list, tuple)):
+                total += sum(x.element_size() * x.nelement() for x in item
+                             if isinstance(x, tensor))
     return total
 
 
-_installed = False
+def watch(fut: Any, peer: str, op: str, nbytes: int = 0) -> None:
+    """Record the call behind ``fut`` (a torch Future) when it completes."""
+    start, t0 = time.time(), time.perf_counter()
 
+    def done(f: Any) -> None:
+        record(peer, op, start, time.perf_counter() - t0, nbytes, ok=not _failed(f))
 
-def install() -> None:
-    """Record plain torch RPC calls made in this process (idempotent; imports torch)."""
-    global _installed
-    if _installed:
-        return
-    import torch.distributed.rpc as rpc
-    from torch.distributed.rpc import api
-
-    original_invoke = api._invoke_rpc
-    original_remote = api.remote
-
-    def _peer(to: Any) -> str:
-        return to if isinstance(to, str) else str(getattr(to, "name", to))
-
-    def _op(func: Any) -> str:
-        return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
-
-    def _watch(fut: Any, peer: str, op: str, nbytes: int) -> None:
-        start, t0 = time.time(), time.perf_counter()
-
-        def done(f: Any) -> None:
-            record(peer, op, start, time.perf_counter() - t0, nbytes,
-                   ok=not _failed(f))
-
-        fut.add_done_callback(done)
-
-    def invoke(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
-               rpc_timeout: float = api.UNSET_RPC_TIMEOUT) -> Any:
-        peer = _peer(to)
-        _current.peer = peer
-        try:
-            fut = original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout)
-        finally:
-            _current.peer = None
-        _watch(fut, peer, _op(func), tensor_bytes(args, kwargs))
-        return fut
-
-    def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
-               timeout: float = api.UNSET_RPC_TIMEOUT) -> Any:
-        peer = _peer(to)
-        _current.peer = peer
-        try:
-            rref = original_remote(to, func, args, kwargs, timeout)
-        finally:
-            _current.peer = None
-        try:
-            _watch(rref._get_future(), peer, "remote:" + _op(func), tensor_bytes(args, kwargs))
-        except Exception:
-            pass
-        return rref
-
-    api._invoke_rpc = invoke
-    api.remote = remote
-    rpc.remote = remote  # the package re-exports api's names
-    _installed = True
+    fut.add_done_callback(done)
 
 
 def _failed(fut: Any) -> bool:
@@ -183,13 +140,58 @@ def _failed(fut: Any) -> bool:
     return False
 
 
-class _Current(threading.local):
+class _Sending(threading.local):
     peer: str | None = None
 
 
-_current = _Current()
+_sending = _Sending()
+
+
+class sending:  # noqa: N801 - used like a function: ``with telemetry.sending(peer):``
+    """While this thread sends an RPC to ``peer`` (``current_peer`` names it)."""
+
+    __slots__ = ("peer", "old")
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def __enter__(self) -> None:
+        self.old = _sending.peer
+        _sending.peer = self.peer
+
+    def __exit__(self, *exc: Any) -> None:
+        _sending.peer = self.old
 
 
 def current_peer() -> str:
     """The peer of the RPC this thread is sending right now ('' for a reply or unknown)."""
-    return _current.peer or ""
+    return _sending.peer or ""
+
+
+# rpcnb's own bookkeeping calls, left out of the traffic the channel monitor shows
+MONITOR_OPS = ("peer_stats", "facts")
+
+
+def traffic_stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calls, p50 latency and bandwidth of ``recs`` (plain records), without the
+    monitor's own calls."""
+    calls = [r for r in recs if r["op"] not in MONITOR_OPS]
+    if not calls:
+        return {"calls": 0, "p50_ms": None, "bytes_per_s": None}
+    moved = [r for r in calls if r["nbytes"] and r["duration"] > 0]
+    busy = sum(r["duration"] for r in moved)
+    return {
+        "calls": len(calls),
+        "p50_ms": statistics.median(r["duration"] for r in calls) * 1e3,
+        "bytes_per_s": sum(r["nbytes"] for r in moved) / busy if busy > 0 else None,
+    }
+
+
+def peer_stats() -> dict[str, dict[str, Any]]:
+    """This process's calls to each peer, summarised (what other members' channel
+    monitors ask for)."""
+    by_peer: dict[str, list[dict[str, Any]]] = {}
+    for rec in records():
+        if rec["peer"]:
+            by_peer.setdefault(rec["peer"], []).append(rec)
+    return {peer: traffic_stats(recs) for peer, recs in by_peer.items()}

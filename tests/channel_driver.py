@@ -45,16 +45,16 @@ def predicted(preds: dict) -> dict[str, dict[str, object]]:
 
 def group(out: str, chosen: str) -> None:
     import rpcnb
-    from rpcnb import session
+    from rpcnb import roster, state
 
     rpcnb.init(2, channels=chosen.split(",") if chosen else None)
     try:
         preds = channels.predict_group()
-        names = session.current().live_names()
+        names = roster.live_names(state.current())
         for name in names[1:]:
             rpcnb.run(name, CALL_ALL.format(peers=[n for n in names if n != name]))
             rpc.rpc_sync(name, torch.add, args=(torch.ones(64), 1))
-        logs = [w.log_path.read_text() for w in session.current().procs.values()]
+        logs = [w.log_path.read_text() for w in state.current().procs.values()]
         with open(out, "w") as f:
             json.dump({"predicted": predicted(preds), "observed": merged(logs)}, f)
     finally:
@@ -64,14 +64,14 @@ def group(out: str, chosen: str) -> None:
 def cuda(out: str) -> None:
     """worker0 -> worker1 with a device map: CUDA tensors take a CUDA channel."""
     import rpcnb
-    from rpcnb import session
+    from rpcnb import state
 
     rpcnb.init(1, device_map={"worker1": {"cuda:0": "cuda:0"}})
     try:
         preds = channels.predict_group()
         back = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(4, device="cuda:0"), 1))
         assert back.device.type == "cuda"
-        logs = [w.log_path.read_text() for w in session.current().procs.values()]
+        logs = [w.log_path.read_text() for w in state.current().procs.values()]
         with open(out, "w") as f:
             json.dump({"predicted": predicted(preds), "observed": merged(logs)}, f)
     finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -184,3 +186,22 @@ def listening_addresses(pid: int) -> list[str]:
             addr = ipaddress.ip_address(raw)
             found.append(f"{addr}:{int(port, 16)}")
     return found
+
+
+@pytest.fixture
+def test_address():
+    """A veth interface of our own with a private test address (needs root, iproute2)."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("creating a test interface needs root and iproute2")
+    name, addr = "rpcnbtest0", "10.213.77.1"
+    made = subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name",
+                           "rpcnbtest1"], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a dummy interface here: {made.stderr.decode().strip()}")
+    try:
+        subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", name], check=True)
+        subprocess.run(["ip", "link", "set", name, "up"], check=True)
+        subprocess.run(["ip", "link", "set", "rpcnbtest1", "up"], check=True)
+        yield name, addr
+    finally:
+        subprocess.run(["ip", "link", "del", name], capture_output=True)

@@ -49,7 +49,7 @@ def test_page_exists(site: Path, name: str) -> None:
 def test_api_reference_documents_the_public_functions(site: Path) -> None:
     html = _page(site, "api.html")
     for name in ("rpcnb.init", "rpcnb.join", "rpcnb.run", "rpcnb.shutdown",
-                 "rpcnb.session.run", "rpcnb.errors.RemoteError",
+                 "rpcnb.cells.call.run", "rpcnb.errors.RemoteError",
                  "rpcnb.devicemap.DeviceMap", "rpcnb.channels.predict_group",
                  "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary"):
         assert f'id="{name}"' in html, f"{name} is missing from the API reference"

@@ -143,3 +143,33 @@ def test_joined_kernel_leaves_when_the_first_kernel_dies(group, kernel_factory):
     bob.execute("%rpc_init --workers 1")  # and it can start a group of its own
     assert bob.execute("%%remote worker1 --fetch\n'new group'").text == "'new group'"
     bob.execute("%rpc_shutdown")
+
+
+def test_a_member_that_answers_again_shows_alive_again(group):
+    # SIGSTOP: the worker is alive but cannot answer; %rpc_workers says so, and once it
+    # runs again it is listed alive again (it did not die)
+    pids = worker_pids(group)
+    os.kill(pids["worker1"], signal.SIGSTOP)
+    try:
+        stopped = group.execute("%rpc_workers", timeout=60).text
+        row = next(ln for ln in stopped.splitlines() if ln.startswith("worker1 "))
+        assert "not answering" in row, stopped
+    finally:
+        os.kill(pids["worker1"], signal.SIGCONT)
+    again = group.execute("%rpc_workers").text
+    row = next(ln for ln in again.splitlines() if ln.startswith("worker1 "))
+    assert " yes " in row and "not answering" not in row, again
+    assert group.execute("%%remote worker1 --fetch\n'back'").text == "'back'"
+
+
+def test_every_member_answers_right_after_init_30_times(kernel):
+    # a started worker joins torch's group before it has set itself up; rpcnb lists it
+    # only once it has registered, so the first %rpc_workers never sees a half-made one
+    kernel.execute("%load_ext rpcnb")
+    for cycle in range(30):
+        table = kernel.execute("%rpc_init --workers 2").stdout
+        rows = [ln for ln in table.splitlines() if ln.startswith("worker")]
+        assert len(rows) == 3, (cycle, table)
+        assert all(" yes " in row for row in rows), (cycle, table)
+        assert "not answering" not in table, (cycle, table)
+        kernel.execute("%rpc_shutdown")

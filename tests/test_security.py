@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import subprocess
 import time
 
-import pytest
 from conftest import children_of, listening_addresses, worker_pids
 
 
@@ -37,12 +34,38 @@ def test_secret_stays_in_a_private_connection_file(group):
 
 def test_rpcnb_requests_without_the_token_are_refused(group):
     out = group.execute(
-        "import torch.distributed.rpc as rpc, rpcnb.worker as w\n"
-        "try:\n    rpc.rpc_sync('worker1', w._run_cell, args=('forged', 'c1', 'worker0', "
-        "'import os', False, {}))\nexcept Exception as e:\n    print('refused' if "
+        "import torch.distributed.rpc as rpc, rpcnb.protocol as p\n"
+        "try:\n    rpc.rpc_sync('worker1', p.entry, args=('forged', 'run_cell', ('c1', "
+        "'worker0', 'import os', False, {})))\nexcept Exception as e:\n    print('refused' if "
         "'did not carry the group' in str(e) else repr(e))"
     )
     assert out.stdout.strip() == "refused"
+    assert group.execute("%%remote worker1 --fetch\n'still serving'").text == "'still serving'"
+
+
+def test_every_request_is_refused_without_the_token(group):
+    # every operation another member may ask for, called as an outsider would: a forged
+    # token, no token, a token of another type; nothing runs and the worker serves on
+    out = group.execute(
+        "import torch.distributed.rpc as rpc\n"
+        "from rpcnb import protocol, handlers, state\n"
+        "refused = {}\n"
+        "for op in handlers.OPERATIONS:\n"
+        "    for token in ('forged', None, 0):\n"
+        "        try:\n"
+        "            rpc.rpc_sync('worker1', protocol.entry, args=(token, op, ()), timeout=10)\n"
+        "            refused[op] = 'ran'\n"
+        "        except Exception as e:\n"
+        "            if 'did not carry the group' not in str(e):\n"
+        "                refused[op] = repr(e)[:200]\n"
+        "print(sorted(handlers.OPERATIONS))\n"
+        "print(refused)\n"
+        "print(protocol.call(state.current().token, 'worker1', 'probe_echo'))"
+    , timeout=180)
+    ops, refused, ok = out.stdout.strip().splitlines()
+    assert len(eval(ops)) >= 15
+    assert refused == "{}"
+    assert ok == "None"  # with the token, the same request is answered
     assert group.execute("%%remote worker1 --fetch\n'still serving'").text == "'still serving'"
 
 
@@ -113,25 +136,6 @@ def test_non_loopback_host_needs_allow_remote(kernel):
     assert "--host goes with --port" in out.traceback
 
 
-@pytest.fixture
-def test_address():
-    """A veth interface of our own with a private test address (needs root, iproute2)."""
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("creating a test interface needs root and iproute2")
-    name, addr = "rpcnbtest0", "10.213.77.1"
-    made = subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name",
-                           "rpcnbtest1"], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot create a dummy interface here: {made.stderr.decode().strip()}")
-    try:
-        subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", name], check=True)
-        subprocess.run(["ip", "link", "set", name, "up"], check=True)
-        subprocess.run(["ip", "link", "set", "rpcnbtest1", "up"], check=True)
-        yield name, addr
-    finally:
-        subprocess.run(["ip", "link", "del", name], capture_output=True)
-
-
 def test_allow_remote_listens_on_exactly_that_address(kernel, test_address):
     iface, addr = test_address
     kernel.execute("%load_ext rpcnb")
@@ -147,4 +151,31 @@ def test_allow_remote_listens_on_exactly_that_address(kernel, test_address):
     assert any(a.startswith(addr) for a in listening_addresses(worker_pids(kernel)["worker1"]))
     assert kernel.execute("%%remote worker1 --fetch\n'over the test interface'").text \
         == "'over the test interface'"
+    kernel.execute("%rpc_shutdown")
+
+
+def test_a_group_on_another_interface_never_leaves_a_later_group_exposed(kernel, test_address):
+    # TensorPipe listens where TP_SOCKET_IFNAME says, read once per process: after a group
+    # on another interface the variable is put back and the store closed, and this kernel
+    # refuses a loopback group (its TensorPipe would still listen on the other interface)
+    iface, addr = test_address
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute(f"%rpc_init --workers 1 --port 0 --host {addr} --allow-remote")
+    assert kernel.value("__import__('os').environ['TP_SOCKET_IFNAME']") == iface
+    kernel.execute("%rpc_shutdown")
+    assert kernel.value("__import__('os').environ['TP_SOCKET_IFNAME']") == "lo"
+    assert not any(a.startswith(addr) for a in listening_addresses(kernel.pid))
+    before = set(children_of(kernel.pid))
+    out = kernel.execute("%rpc_init --workers 1", allow_error=True)
+    assert "restart the kernel first" in out.traceback and "'rpcnbtest0'" in out.traceback
+    assert set(children_of(kernel.pid)) == before
+    kernel.km.restart_kernel(now=True)
+    kernel.pid = kernel.km.provisioner.pid
+    kernel.known.add(kernel.pid)
+    kernel.kc.wait_for_ready(timeout=60)
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1")
+    for name, pid in worker_pids(kernel).items():
+        for listened in listening_addresses(pid):
+            assert listened.rsplit(":", 1)[0] in ("127.0.0.1", "::1"), (name, listened)
     kernel.execute("%rpc_shutdown")

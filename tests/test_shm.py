@@ -30,9 +30,9 @@ def echo(t):
 
 def ns():
     """The worker's remote-cell namespace (functions shipped by value get fresh globals)."""
-    from rpcnb import worker
+    from rpcnb import state
 
-    return worker._runner.namespace
+    return state.current().runner.namespace
 
 
 def keep(t):
@@ -184,14 +184,14 @@ def test_no_buffers_left_after_shutdown_and_worker_kill():
     seen: set[int] = set()
     rpcnb.init(2)
     try:
-        from rpcnb import session
+        from rpcnb import state
 
-        group = session._group_id(session.current().init_method)
+        group = state.current().group_id
         keep_remote = rpcnb.run("worker1", "import torch\nbig = torch.ones(MB := 2**20)\nbig")
         fetched = keep_remote.to_here()  # worker1's buffer, held here
         rpc.rpc_sync("worker2", keep, args=(torch.ones(MB),))  # our buffer, held there
         assert len(shm.leftovers(group)) >= 2
-        pid1 = session.current().procs["worker1"].pid
+        pid1 = state.current().procs["worker1"].pid
         assert any(f"-{pid1}-" in p for p in shm.leftovers(group))
         os.kill(pid1, signal.SIGKILL)
         assert wait_for(lambda: not any(f"-{pid1}-" in p for p in shm.leftovers(group)))
@@ -201,7 +201,7 @@ def test_no_buffers_left_after_shutdown_and_worker_kill():
         assert shm.leftovers(group) == []
     finally:
         seen.update(children_of(os.getpid()))
-        if session.is_initialized():
+        if state.is_initialized():
             rpcnb.shutdown()
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
@@ -210,8 +210,7 @@ def test_no_buffers_left_after_the_kernel_dies(group):
     group.execute("import torch, torch.distributed.rpc as rpc\n"
                   "def keep(t):\n    global kept\n    kept = t\n"
                   "rpc.rpc_sync('worker1', keep, args=(torch.ones(2**20),))")
-    gid = group.value("__import__('rpcnb.session').session._group_id("
-                      "__import__('rpcnb.session').session.current().init_method)")
+    gid = group.value("__import__('rpcnb.state').state.current().group_id")
     group.execute("%%remote worker2 -o r\nimport torch\ntorch.ones(2**20)")
     group.execute("x = r.to_here()")
     pids = worker_pids(group)

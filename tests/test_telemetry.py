@@ -60,3 +60,28 @@ def test_ring_buffer_is_bounded():
     assert len(telemetry.records()) == telemetry.CAPACITY
     assert telemetry.summary("peer")["calls"] == telemetry.CAPACITY + 100
     telemetry.clear()
+
+
+def test_a_listener_that_unsubscribes_itself_does_not_hide_the_next_one():
+    # records arrive on RPC threads while listeners come and go (a monitor stopping, say):
+    # every listener subscribed when a record arrives hears it
+    telemetry.clear()
+    heard: list[str] = []
+
+    def once(rec):
+        telemetry.unsubscribe(once)
+        heard.append("once")
+
+    def always(rec):
+        heard.append("always")
+
+    telemetry.subscribe(once)
+    telemetry.subscribe(always)
+    try:
+        telemetry.record("peer", "op", 0.0, 0.001)
+        telemetry.record("peer", "op", 0.0, 0.001)
+    finally:
+        telemetry.unsubscribe(once)
+        telemetry.unsubscribe(always)
+    assert heard == ["once", "always", "always"]
+    telemetry.clear()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rpcnb.options import applied_device_map, keep_device_map
+
 if TYPE_CHECKING:
     from rpcnb.widgets.channel_monitor import ChannelMonitor
     from rpcnb.widgets.devmap_editor import DeviceMapEditor
@@ -25,20 +27,6 @@ NEEDS_ANYWIDGET = (
     "This widget needs anywidget and ipywidgets: pip install anywidget ipywidgets, "
     "then restart the kernel."
 )
-
-
-_applied: dict[str, Any] | None = None
-
-
-def keep_device_map(device_map: dict[str, Any] | None) -> None:
-    """Keep ``device_map`` (dict form) for this kernel's next ``%rpc_init`` / ``--join``."""
-    global _applied
-    _applied = dict(device_map) if device_map else None
-
-
-def applied_device_map() -> dict[str, Any] | None:
-    """The map the device-map editor applied, or None."""
-    return dict(_applied) if _applied else None
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,6 @@ shut down or the widget is closed.
 from __future__ import annotations
 
 import pathlib
-import statistics
 import threading
 import time
 from typing import Any
@@ -23,32 +22,8 @@ import traitlets
 from rpcnb import telemetry
 
 SERIES_POINTS = 240  # latency points kept per peer for the chart
-MONITOR_OPS = ("peer_stats", "local_facts")  # the monitor's own calls: not shown as traffic
 STOPPED_SHUTDOWN = "stopped: the group was shut down (%rpc_channels opens a new monitor)"
 STOPPED_CLOSED = "stopped: the monitor was closed"
-
-
-def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Calls, p50 latency and bandwidth of ``records`` (plain telemetry records)."""
-    calls = [r for r in records if r["op"] not in MONITOR_OPS]
-    if not calls:
-        return {"calls": 0, "p50_ms": None, "bytes_per_s": None}
-    moved = [r for r in calls if r["nbytes"] and r["duration"] > 0]
-    busy = sum(r["duration"] for r in moved)
-    return {
-        "calls": len(calls),
-        "p50_ms": statistics.median(r["duration"] for r in calls) * 1e3,
-        "bytes_per_s": sum(r["nbytes"] for r in moved) / busy if busy > 0 else None,
-    }
-
-
-def peer_stats() -> dict[str, dict[str, Any]]:
-    """RPC target: this member's calls to each peer, summarised (for other monitors)."""
-    by_peer: dict[str, list[dict[str, Any]]] = {}
-    for rec in telemetry.records():
-        if rec["peer"]:
-            by_peer.setdefault(rec["peer"], []).append(rec)
-    return {peer: _stats(recs) for peer, recs in by_peer.items()}
 
 
 class ChannelMonitor(anywidget.AnyWidget):
@@ -69,9 +44,9 @@ class ChannelMonitor(anywidget.AnyWidget):
     def __init__(self, interval: float = 0.5, remote_interval: float = 3.0,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        from rpcnb import channels, session
+        from rpcnb import channels, roster, state
 
-        s = session.current()
+        s = state.current()
         self._session = s  # the group this monitor shows; a later group is not its own
         self._interval = interval
         self._remote_interval = remote_interval
@@ -81,7 +56,7 @@ class ChannelMonitor(anywidget.AnyWidget):
         self._stop = threading.Event()
         self.me = s.name
         predicted = channels.predict_group()
-        self.members = s.live_names()
+        self.members = roster.live_names(s)
         self._predicted = {f"{a}->{b}": p for (a, b), p in predicted.items()}
         self._refresh(remote=True)
         telemetry.subscribe(self._on_record)
@@ -95,13 +70,13 @@ class ChannelMonitor(anywidget.AnyWidget):
         self._dirty.set()  # inline on an RPC thread: nothing more
 
     def _loop(self) -> None:
-        from rpcnb import session
+        from rpcnb import state
 
         while not self._stop.is_set():
             self._stop.wait(self._interval)
             if self._stop.is_set():
                 break
-            if session.active() is not self._session:
+            if state.active() is not self._session:
                 self._finish(STOPPED_SHUTDOWN)
                 return
             due = time.monotonic() - self._remote_at > self._remote_interval
@@ -110,7 +85,7 @@ class ChannelMonitor(anywidget.AnyWidget):
                 try:
                     self._refresh(remote=due)
                 except Exception:  # the group went away between the check and the calls
-                    if session.active() is not self._session:
+                    if state.active() is not self._session:
                         self._finish(STOPPED_SHUTDOWN)
                         return
 
@@ -132,16 +107,14 @@ class ChannelMonitor(anywidget.AnyWidget):
         super().close()
 
     def _ask_remote(self) -> None:
-        import torch.distributed.rpc as rpc
+        from rpcnb import protocol, roster, state
 
-        from rpcnb import session
-
-        s = session.current()
+        s = state.current()
         futs = {}
-        for name in s.live_names():
+        for name in roster.live_names(s):
             if name != s.name:
                 try:
-                    futs[name] = rpc.rpc_async(name, peer_stats, timeout=5)
+                    futs[name] = protocol.call_async(s.token, name, "peer_stats", timeout=5)
                 except Exception:
                     pass
         for name, fut in futs.items():
@@ -152,18 +125,18 @@ class ChannelMonitor(anywidget.AnyWidget):
         self._remote_at = time.monotonic()
 
     def _refresh(self, remote: bool) -> None:
-        from rpcnb import probe, session
+        from rpcnb import probe, roster, state
 
         if remote:
             self._ask_remote()
-        s = session.current()
-        members = s.live_names()
+        s = state.current()
+        members = roster.live_names(s)
         if remote and any(f"{a}->{b}" not in self._predicted
                           for a in members for b in members if a != b):
             from rpcnb import channels  # a member joined: ask it for its facts too
 
             self._predicted = {f"{a}->{b}": p for (a, b), p in channels.predict_group().items()}
-        mine = peer_stats()
+        mine = telemetry.peer_stats()
         matrix: dict[str, Any] = {}
         for a in members:
             for b in members:
@@ -185,7 +158,7 @@ class ChannelMonitor(anywidget.AnyWidget):
         series: dict[str, list[list[float]]] = {}
         curve: dict[str, list[list[Any]]] = {}
         for rec in telemetry.records():
-            if rec["op"] in MONITOR_OPS or not rec["peer"] or rec["peer"] == s.name:
+            if rec["op"] in telemetry.MONITOR_OPS or not rec["peer"] or rec["peer"] == s.name:
                 continue
             if rec["op"] == probe.OP:
                 if rec["nbytes"]:

@@ -4,7 +4,7 @@ peer; see TensorPipe's objections as you edit, and the map written three ways.
 Peers and devices come from the live group, or from a declared topology
 (``{"worker0": 2, "worker1": 2}`` or ``"worker0=2,worker1=2"``: CUDA devices per member)
 to plan on a machine without GPUs; a topology given while a group runs overrides the
-devices of the members it names. "Apply" keeps the map (``rpcnb.widgets.applied_device_map``)
+devices of the members it names. "Apply" keeps the map (``rpcnb.options.applied_device_map``)
 for the next ``%rpc_init`` or ``--join`` of this kernel: maps are fixed when a process
 joins.
 """
@@ -18,7 +18,7 @@ import anywidget
 import traitlets
 
 from rpcnb.devicemap import DeviceMap
-from rpcnb.widgets import keep_device_map
+from rpcnb.options import keep_device_map
 
 BAD_TOPOLOGY = (
     "{spec!r} is not a topology: write {{'worker0': 2, 'worker1': 2}} or 'worker0=2,worker1=2' "
@@ -87,14 +87,16 @@ class DeviceMapEditor(anywidget.AnyWidget):
     def __init__(self, topology: Any = None, me: str | None = None,
                  initial: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        from rpcnb import session
+        from rpcnb import state
 
         declared = parse_topology(topology) if topology is not None else {}
         hosts: dict[str, str] = {}
         devices: dict[str, list[str]] = {}
         self._ranks: dict[str, int] = {}
-        if session.is_initialized():
-            group = session.group()
+        if state.is_initialized():
+            from rpcnb.view import group as current_group
+
+            group = current_group()
             for m in group.members:
                 if m.alive:
                     hosts[m.name] = m.host
@@ -103,7 +105,7 @@ class DeviceMapEditor(anywidget.AnyWidget):
             name = group.me
             self.source = "live group" + (" with a declared topology" if declared else "")
             if initial is None:
-                initial = session.current().options.get("device_map")
+                initial = state.current().options.get("device_map")
         else:
             if not declared:
                 raise ValueError(NO_MEMBERS)

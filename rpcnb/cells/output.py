@@ -1,0 +1,263 @@
+"""A remote cell's output: captured where the cell runs, sent to the caller in small
+batches while it runs, and printed there into the cell that asked.
+
+Where the cell runs, ``sys.stdout``, ``sys.stderr`` and IPython's display publisher are
+wrapped (``install_routing``) so that a write goes to the ``Capture`` of the cell this
+thread runs, else (in a worker process) to the cell the process runs, else to the
+process's background capture, else where it would have gone. Text is coalesced and sent
+every ``FLUSH_INTERVAL``; ``display()`` and ``clear_output()`` are sent at once. Where
+the cell was asked for, ``Printer`` writes each batch into the cell, prefixing lines with
+the worker's name when several workers run.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from rpcnb import protocol
+
+FLUSH_INTERVAL = 0.05  # seconds between output batches while a cell runs
+
+
+class Capture:
+    """Output of one remote cell (or, with ``call_id=None``, of a worker process outside
+    any cell), batched and sent to ``caller`` as it arrives."""
+
+    def __init__(self, call_id: str | None, caller: str, worker: str, token: str) -> None:
+        self.call_id = call_id
+        self.token = token
+        self.caller = caller
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._items: list[tuple[Any, ...]] = []
+        self._seq = 0
+        self._futures: list[Any] = []
+
+    def write(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            if self._items and self._items[-1][0] == stream:
+                self._items[-1] = (stream, self._items[-1][1] + text)
+            else:
+                self._items.append((stream, text))
+
+    def display(self, kind: str, payload: dict[str, Any]) -> None:
+        with self._lock:
+            self._items.append((kind, payload))
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._items:
+                return
+            items, self._items = self._items, []
+            seq = self._seq
+            self._seq += 1
+        try:
+            fut = protocol.call_async(self.token, self.caller, "deliver", self.call_id,
+                                      self.worker, seq, items, timeout=None)
+        except Exception:
+            return  # the caller is gone; nobody is left to show this output
+        with self._lock:
+            self._futures.append(fut)
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Send what is left, wait until the caller has it; returns the batch count."""
+        self.flush()
+        deadline = time.monotonic() + timeout
+        for fut in self._futures:
+            while not fut.done() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return self._seq
+
+
+class _Router:
+    """Which capture a write goes to (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()  # .capture: the cell this thread runs
+        self.lock = threading.Lock()
+        self.active: dict[int, Capture] = {}  # thread id -> capture, for the flusher
+        self.process: Capture | None = None  # in a worker process: the running cell's
+        self.background: Capture | None = None  # in a worker process: outside any cell
+        self.installed = False
+
+    def current(self) -> Capture | None:
+        cap = getattr(self.local, "capture", None)
+        if cap is not None:
+            return cap
+        return self.process or self.background
+
+    def enter(self, cap: Capture, process_wide: bool) -> None:
+        """The calling thread runs the cell ``cap`` captures (the whole process does,
+        with ``process_wide``, so threads the cell starts are captured too)."""
+        self.local.capture = cap
+        with self.lock:
+            self.active[threading.get_ident()] = cap
+            if process_wide:
+                self.process = cap
+
+    def leave(self, process_wide: bool) -> None:
+        self.local.capture = None
+        with self.lock:
+            self.active.pop(threading.get_ident(), None)
+            if process_wide:
+                self.process = None
+
+    def flush_all(self) -> None:
+        with self.lock:
+            caps = list(self.active.values())
+            if self.background is not None:
+                caps.append(self.background)
+        for cap in caps:
+            cap.flush()
+
+
+router = _Router()
+
+
+def set_background(cap: Capture | None) -> None:
+    """Where a worker process's output outside any cell goes (to the group's leader)."""
+    with router.lock:
+        router.background = cap
+
+
+class RoutingStream:
+    """Stands in for sys.stdout/stderr: writes go to the current capture."""
+
+    def __init__(self, original: Any, name: str) -> None:
+        self._original = original
+        self._name = name
+
+    def write(self, text: str) -> int:
+        cap = router.current()
+        if cap is None:
+            return self._original.write(text)
+        cap.write(self._name, text)
+        if cap is router.background:
+            self._original.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._original.flush()
+        except Exception:
+            pass
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._original, attr)
+
+
+class RoutingDisplayPublisher:
+    """Wraps IPython's display publisher so ``display()`` in a remote cell reaches the caller."""
+
+    def __init__(self, original: Any) -> None:
+        self._original = original
+
+    def publish(self, data: Any, metadata: Any = None, source: Any = None, *,
+                transient: Any = None, update: bool = False, **kwargs: Any) -> None:
+        cap = router.current()
+        if cap is None or cap is router.background:
+            self._original.publish(data, metadata=metadata, transient=transient,
+                                   update=update, **kwargs)
+            return
+        cap.display("display", {"data": data, "metadata": metadata or {},
+                                "transient": transient or {}, "update": update})
+
+    def clear_output(self, wait: bool = False) -> None:
+        cap = router.current()
+        if cap is None or cap is router.background:
+            self._original.clear_output(wait)
+            return
+        cap.display("clear", {"wait": wait})
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._original, attr)
+
+
+def _flusher() -> None:
+    while True:
+        time.sleep(FLUSH_INTERVAL)
+        router.flush_all()
+
+
+def install_routing(shell: Any) -> None:
+    """Route this process's stdout, stderr and display output through captures (once)."""
+    with router.lock:
+        if router.installed:
+            return
+        router.installed = True
+    sys.stdout = RoutingStream(sys.stdout, "stdout")
+    sys.stderr = RoutingStream(sys.stderr, "stderr")
+    if shell is not None and not isinstance(shell.display_pub, RoutingDisplayPublisher):
+        shell.display_pub = RoutingDisplayPublisher(shell.display_pub)
+    threading.Thread(target=_flusher, name="rpcnb-output", daemon=True).start()
+
+
+def shell() -> Any:
+    """The IPython shell of this process, or None (a plain script)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return None
+    return get_ipython()
+
+
+class Printer:
+    """Writes worker output into this process's cell, prefixed per line when several run."""
+
+    def __init__(self, prefix: bool) -> None:
+        self.prefix = prefix
+        self.partial: dict[tuple[str, str], str] = {}
+
+    def stream(self, worker: str, name: str, text: str) -> None:
+        out = sys.stdout if name == "stdout" else sys.stderr
+        if not self.prefix:
+            out.write(text)
+            return
+        key = (worker, name)
+        buf = self.partial.get(key, "") + text
+        *lines, rest = buf.split("\n")
+        self.partial[key] = rest
+        if lines:
+            out.write("".join(f"[{worker}] {line}\n" for line in lines))
+
+    def display(self, kind: str, payload: dict[str, Any]) -> None:
+        try:
+            from IPython.display import clear_output, publish_display_data
+        except ImportError:  # pragma: no cover
+            return
+        if shell() is None:
+            if kind == "display":
+                print(payload["data"].get("text/plain", ""))
+            return
+        if kind == "clear":
+            clear_output(wait=payload.get("wait", False))
+        else:
+            publish_display_data(payload["data"], payload.get("metadata") or None,
+                                 transient=payload.get("transient") or None,
+                                 update=payload.get("update", False))
+
+    def items(self, worker: str, items: list[Any]) -> None:
+        """One batch of ``worker``'s output, in order."""
+        for kind, payload in items:
+            if kind in ("stdout", "stderr"):
+                self.stream(worker, kind, payload)
+            else:
+                self.display(kind, payload)
+
+    def finish(self) -> None:
+        for (worker, name), rest in self.partial.items():
+            if rest:
+                out = sys.stdout if name == "stdout" else sys.stderr
+                out.write(f"[{worker}] {rest}\n")
+        self.partial.clear()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass

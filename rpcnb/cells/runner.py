@@ -1,0 +1,219 @@
+"""Where a remote cell runs: every member has one ``CellRunner``. Cells sent to it queue
+and run one at a time in the member's namespace, like cells in a kernel, and each ends
+with a ``CellResult`` (an RRef, a value, or an error, never raised).
+
+In a worker process the runner owns the main thread, so an interrupt is a plain SIGINT;
+in a kernel it runs on a thread of its own and an interrupt is an asynchronous exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import linecache
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpcnb import errors, protocol, shm, state
+from rpcnb.cells.output import Capture, router
+
+
+@dataclass
+class CellResult:
+    """What a remote cell sends back: an RRef, a value, or an error, never raised."""
+
+    worker: str
+    ok: bool
+    rref: Any = None  # rpc.RRef owned by the worker, or None
+    value: Any = None  # with --fetch
+    has_value: bool = False
+    ename: str = ""
+    evalue: str = ""
+    traceback: str = ""
+    duration: float = 0.0
+    outputs: int = 0  # number of output batches sent before this result
+
+
+@dataclass
+class Job:
+    """One remote cell, as sent by ``caller``."""
+
+    token: str
+    call_id: str
+    caller: str
+    source: str
+    fetch: bool
+    push: dict[str, Any]
+    future: Any  # a torch Future the result is set on
+    filename: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+
+class CellRunner:
+    """Runs remote cells one at a time in ``namespace``."""
+
+    def __init__(self, name: str, namespace: dict[str, Any], shell: Any = None) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.shell = shell
+        self.cells_run = 0
+        self.on_main = False  # a worker process's runner owns the main thread
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._current: Job | None = None
+        self._thread_id: int | None = None
+        self._stopped = threading.Event()
+        self._cancelled: set[str] = set()
+
+    @property
+    def kind(self) -> str:
+        """"process" for a worker process rpcnb started, "kernel" for a kernel."""
+        return "process" if self.on_main else "kernel"
+
+    # -- called from RPC threads
+    def submit(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def interrupt(self, call_id: str) -> bool:
+        with self._lock:
+            job = self._current
+            if job is None or job.call_id != call_id or self._thread_id is None:
+                # Not running yet: drop it from the queue by marking it cancelled.
+                self._cancelled.add(call_id)
+                return False
+            if self.on_main:
+                signal.pthread_kill(self._thread_id, signal.SIGINT)
+            else:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), ctypes.py_object(KeyboardInterrupt)
+                )
+            return True
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._queue.put(None)
+
+    # -- the loop
+    def run_forever(self) -> None:
+        self._thread_id = threading.get_ident()
+        while not self._stopped.is_set():
+            try:
+                job = self._queue.get()
+            except KeyboardInterrupt:
+                continue  # an interrupt that arrived after its cell ended
+            if job is None:
+                break
+            try:
+                self._run(job)
+            except KeyboardInterrupt:
+                continue
+
+    def start_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.run_forever, name=f"rpcnb-cells-{self.name}", daemon=True)
+        t.start()
+        return t
+
+    def _run(self, job: Job) -> None:
+        if job.call_id in self._cancelled:
+            self._cancelled.discard(job.call_id)
+            job.future.set_result(CellResult(self.name, False, ename="KeyboardInterrupt",
+                                             evalue="interrupted before it started"))
+            return
+        self.cells_run += 1
+        job.filename = f"<{self.name} cell {self.cells_run}>"
+        cap = Capture(job.call_id, job.caller, self.name, job.token)
+        router.enter(cap, process_wide=self.on_main)
+        t0 = time.perf_counter()
+        try:
+            with self._lock:
+                self._current = job
+            try:
+                result = self._execute(job)
+            finally:
+                with self._lock:
+                    self._current = None
+        except BaseException as exc:  # KeyboardInterrupt included: the worker lives on
+            result = CellResult(self.name, False, ename=type(exc).__name__, evalue=str(exc),
+                                traceback=format_exception(exc, job.filename))
+        finally:
+            router.leave(process_wide=self.on_main)
+        result.duration = time.perf_counter() - t0
+        try:
+            result.outputs = cap.close()
+        except KeyboardInterrupt:
+            result.outputs = cap.close()
+        job.future.set_result(result)
+
+    def _execute(self, job: Job) -> CellResult:
+        ns = self.namespace
+        ns.update(job.push)
+        value, has_value = run_source(job.source, job.filename, ns, self.shell)
+        if not has_value or value is None:
+            return CellResult(self.name, True)
+        if job.fetch:
+            from rpcnb import _torch
+
+            try:
+                with shm.suppressed():  # a dry run: no buffer taken
+                    _torch.rpc_pickler().serialize(value)
+            except Exception as exc:
+                return CellResult(
+                    self.name, False, ename=type(exc).__name__,
+                    evalue=errors.NOT_PICKLABLE.format(
+                        name=self.name, type=type(value).__name__, reason=exc),
+                )
+            return CellResult(self.name, True, value=value, has_value=True)
+        return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
+
+
+def make_rref(me: str, value: Any) -> Any:
+    """An RRef owned here. A tensor RRef made by rpc.RRef() is fetched by TorchScript's
+    pickler, which rpcnb cannot route; a large CPU tensor is wrapped in a Python-object
+    RRef instead (made by a remote call to ourselves) so that ``to_here()`` takes the
+    shared-memory path."""
+    import torch
+    import torch.distributed.rpc as rpc
+
+    if isinstance(value, torch.Tensor) and shm.wants(value):
+        s = state.current()
+        key = os.urandom(8).hex()
+        with s.lock:
+            s.parked[key] = value
+        return protocol.remote(s.token, me, "unpark", key)
+    return rpc.RRef(value)
+
+
+def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
+    """Execute a cell; return (value of the last expression, whether there was one)."""
+    if shell is not None:
+        source = shell.transform_cell(source)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";"):
+        expr = tree.body.pop()
+        assert isinstance(expr, ast.Expr)
+        last = ast.Expression(expr.value)
+    exec(compile(tree, filename, "exec"), ns)
+    if last is None:
+        return None, False
+    return eval(compile(last, filename, "eval"), ns), True
+
+
+def format_exception(exc: BaseException, filename: str) -> str:
+    """The traceback from the cell's own frames on (rpcnb's frames dropped)."""
+    te = traceback.TracebackException.from_exception(exc)
+    frames = list(te.stack)
+    for i, fr in enumerate(frames):
+        if fr.filename == filename:
+            te.stack = traceback.StackSummary.from_list(frames[i:])
+            break
+    else:
+        te.stack = traceback.StackSummary.from_list([])
+    return "".join(te.format())

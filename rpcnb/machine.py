@@ -1,0 +1,262 @@
+"""What this machine and this process have: CUDA devices, network interfaces, /dev/shm,
+InfiniBand, and the facts TensorPipe decides its transports and channels by.
+
+Everything rpcnb asks about the machine is asked here, once per question. torch is
+imported only by the functions that need it (the CUDA ones).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import ipaddress
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BAD_HOST = "--host {host!r} is not an IP address of this machine: {reason}."
+SHM_DIR = "/dev/shm"
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def cuda_devices() -> list[str]:
+    """This process's CUDA devices as ``["cuda:0", ...]`` (empty without a GPU, and
+    without initialising CUDA when torch has no CUDA at all). Imports torch."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def ib_devices() -> list[str]:
+    """InfiniBand devices (``/sys/class/infiniband``), sorted; empty when there are none."""
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def shm_free_bytes(path: str = SHM_DIR) -> int:
+    """Bytes free in ``/dev/shm`` for this user (0 when it is missing)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+# --------------------------------------------------------------------------- network
+
+
+def interface_of(host: str) -> str:
+    """The network interface that owns ``host`` (for TP_SOCKET_IFNAME)."""
+    import fcntl
+    import struct
+
+    if ipaddress.ip_address(host).is_loopback:
+        return "lo"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, ifname in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", ifname.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == host:
+                return ifname
+    finally:
+        probe.close()
+    raise ValueError(BAD_HOST.format(host=host, reason="no interface has that address"))
+
+
+def interface_towards(host: str, port: int) -> str:
+    """The interface this machine would use to reach ``host`` (for a remote joiner)."""
+    if ipaddress.ip_address(host).is_loopback:
+        return "lo"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, port))  # UDP: picks a route, sends nothing
+        return interface_of(probe.getsockname()[0])
+    finally:
+        probe.close()
+
+
+# --------------------------------------------------------------------------- facts
+
+
+@dataclass
+class Facts:
+    """What one member reports: everything TensorPipe decides a pipe by."""
+
+    name: str
+    host: str
+    pid: int
+    boot_id: str
+    net_ns: str
+    pid_ns: str
+    user_ns: str
+    uids: tuple[int, int, int]  # real, effective, saved-set
+    gids: tuple[int, int, int]
+    dumpable: bool
+    cap_permitted: str  # CapPrm from /proc/self/status
+    lsms: list[str] | None  # /sys/kernel/security/lsm; None when unreadable
+    ptrace_scope: int | None  # yama; None when yama is absent
+    cma_selftest: bool  # process_vm_readv on itself works (no seccomp filter)
+    memfd: bool  # a 1 MB memfd can be created and mapped (shm transport)
+    ibverbs: bool  # libibverbs loads
+    ib_devices: list[str]
+    socket_ifname: str  # TP_SOCKET_IFNAME ('' when unset)
+    cuda_built: bool  # this torch has CUDA channels at all
+    cuda_devices: list[dict[str, Any]] = field(default_factory=list)  # index, uuid, name
+    p2p: dict[str, dict[str, bool]] = field(default_factory=dict)  # uuid -> uuid -> ok
+    nv_peer_mem: bool = False
+    transports: list[str] | None = None  # the _transports it was started with
+    channels: list[str] | None = None  # the _channels it was started with
+    torch: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Facts:
+        data = dict(data)
+        data["uids"] = tuple(data["uids"])
+        data["gids"] = tuple(data["gids"])
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _ns(kind: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def cma_selftest() -> bool:
+    """What TensorPipe checks: process_vm_readv on ourselves (only seccomp can refuse)."""
+    try:
+        libc = _libc()
+        src = ctypes.c_uint64(0x0123456789ABCDEF)
+        dst = ctypes.c_uint64(0)
+        local = _IoVec(ctypes.cast(ctypes.byref(dst), ctypes.c_void_p), 8)
+        remote = _IoVec(ctypes.cast(ctypes.byref(src), ctypes.c_void_p), 8)
+        libc.process_vm_readv.restype = ctypes.c_ssize_t
+        n = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        return bool(n == 8 and dst.value == src.value)
+    except (OSError, AttributeError):
+        return False
+
+
+def _dumpable() -> bool:
+    try:
+        return bool(_libc().prctl(3, 0, 0, 0, 0) == 1)  # PR_GET_DUMPABLE; SUID_DUMP_USER
+    except (OSError, AttributeError):
+        return False
+
+
+def _memfd_works() -> bool:
+    import mmap
+
+    try:
+        fd = os.memfd_create("rpcnb-shm-check", getattr(os, "MFD_CLOEXEC", 1))
+    except (OSError, AttributeError):
+        return False
+    try:
+        os.ftruncate(fd, 1 << 20)
+        mm = mmap.mmap(fd, 1 << 20)
+        mm[0] = 1
+        mm.close()
+        return True
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _cap_permitted() -> str:
+    for line in (_read("/proc/self/status") or "").splitlines():
+        if line.startswith("CapPrm:"):
+            return line.split()[1]
+    return ""
+
+
+def _ibverbs() -> bool:
+    try:
+        ctypes.CDLL("libibverbs.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def _cuda_facts() -> tuple[bool, list[dict[str, Any]], dict[str, dict[str, bool]]]:
+    import torch
+
+    built = torch.version.cuda is not None
+    if not (built and torch.cuda.is_available()):
+        return built, [], {}
+    devices: list[dict[str, Any]] = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        devices.append({"index": i, "uuid": str(getattr(props, "uuid", f"index-{i}")),
+                        "name": props.name})
+    p2p: dict[str, dict[str, bool]] = {}
+    for a in devices:
+        row = p2p.setdefault(a["uuid"], {})
+        for b in devices:
+            row[b["uuid"]] = a is b or bool(torch.cuda.can_device_access_peer(a["index"], b["index"]))
+    return built, devices, p2p
+
+
+_facts: dict[str, Any] | None = None
+
+
+def process_facts() -> dict[str, Any]:
+    """This process's facts as a plain dict, without its name and TensorPipe settings
+    (the group fills those in). Read once per process, at the first call: they are fixed
+    while the process lives; only ``TP_SOCKET_IFNAME`` is read each time (a kernel's
+    later group may listen elsewhere)."""
+    global _facts
+    if _facts is None:
+        import torch
+
+        scope = _read("/proc/sys/kernel/yama/ptrace_scope")
+        lsm = _read("/sys/kernel/security/lsm")
+        built, devices, p2p = _cuda_facts()
+        ib = ib_devices()
+        _facts = Facts(
+            name="", host=socket.gethostname(), pid=os.getpid(),
+            boot_id=_read("/proc/sys/kernel/random/boot_id") or "",
+            net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
+            uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
+            cap_permitted=_cap_permitted(),
+            lsms=[x for x in lsm.split(",") if x] if lsm is not None else None,
+            ptrace_scope=int(scope) if scope and scope.isdigit() else None,
+            cma_selftest=cma_selftest(), memfd=_memfd_works(), ibverbs=_ibverbs(),
+            ib_devices=ib, socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""),
+            cuda_built=built, cuda_devices=devices, p2p=p2p,
+            nv_peer_mem=any(os.path.exists(f"/sys/module/{m}")
+                            for m in ("nv_peer_mem", "nvidia_peermem")),
+            torch=torch.__version__,
+        ).to_dict()
+    return dict(_facts, socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""))

@@ -1,0 +1,193 @@
+"""How a process becomes a member: ``start_member`` (init_rpc with dynamic membership,
+under rpcnb's session), ``register`` (ask the leader to be admitted), and on the leader
+``launch_workers`` / ``wait_ready`` for the worker processes it starts.
+
+A member becomes visible to torch's group inside ``init_rpc``, before it has finished
+setting itself up. So nobody counts it as a member until it has registered with the
+leader, which it does last: the leader admits it, and only admitted members are listed,
+sent cells or asked anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rpcnb import (
+    _torch,
+    channels,
+    errors,
+    launch,
+    leave,
+    machine,
+    options,
+    protocol,
+    rendezvous,
+    roster,
+    serialize,
+    shm,
+    state,
+    telemetry,
+)
+from rpcnb.cells.output import install_routing, shell
+from rpcnb.cells.runner import CellRunner
+from rpcnb.errors import RpcnbError
+from rpcnb.state import Member, Session
+
+START_TIMEOUT = 120.0
+
+
+def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *,
+                 leader: str, runner: Any, secret: str, group_dir: Path | None = None,
+                 store: Any = None, env: dict[str, str] | None = None) -> Session:
+    """init_rpc with dynamic membership, with this process's session already in place
+    (requests that arrive while init_rpc runs are answered, or refused, by it).
+
+    ``store``: a store this process serves itself (the leader of a TCP group); otherwise
+    torch connects to ``init_method``. ``env``: environment variables for this group
+    (``TP_SOCKET_IFNAME``), put back when it ends."""
+    launch.apply_quiet_env()
+    serialize.install()
+    s = Session(name, rank, leader, init_method, opts, secret, runner=runner,
+                group_dir=group_dir)
+    state.begin(s)
+    try:
+        for key, value in (env or {}).items():
+            s.set_env(key, value)
+        iface = os.environ.get("TP_SOCKET_IFNAME", "")
+        _torch.check_interface(iface)
+        # torch prefixes the store with a per-process init counter; every rpcnb group uses
+        # a fresh store, so a kernel re-initialising after shutdown starts from 0 again.
+        _torch.reset_init_counter()
+        backend = options.backend_options(opts, init_method)
+        if store is None:
+            import torch.distributed.rpc as rpc
+
+            rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
+        else:
+            _torch.init_rpc_with_store(name, rank, store, backend)
+    except BaseException:
+        state.end(s)
+        raise
+    _torch.note_interface(iface)
+    roster.keep_rank(rank)
+    if opts.get("shm", True) and opts.get("one_host", True):
+        shm.activate(s.group_id)
+    telemetry.clear()  # a new group: its worker1 is not the last group's worker1
+    return s
+
+
+def self_info(s: Session) -> dict[str, Any]:
+    """This member's pid, host, kind and devices (what %rpc_workers shows of it)."""
+    import torch
+
+    runner = s.runner
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "kind": runner.kind if runner is not None else "kernel",
+        "devices": machine.cuda_devices(),
+        "cells": runner.cells_run if runner is not None else 0,
+        "torch": torch.__version__,
+    }
+
+
+def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
+    """Ask the leader to admit this member (with the join proof): the admitted members,
+    or None when the leader refused (or is gone)."""
+    info = self_info(s)
+    info["facts"] = channels.local_facts()
+    try:
+        admitted = protocol.call(s.token, s.leader, "register", s.name, s.rank, info,
+                                 rendezvous.proof(s.secret, s.name, s.rank), timeout=timeout)
+    except Exception:
+        return None
+    if not admitted:
+        return None
+    with s.lock:
+        for other, other_rank in admitted:
+            s.members.setdefault(other, Member(other, other_rank))
+        s.members[s.name] = Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
+                                   info["devices"])
+    return list(admitted)
+
+
+def kernel_runner(name: str) -> CellRunner:
+    """A cell runner over this kernel's (or script's) own namespace, on its own thread."""
+    sh = shell()
+    if sh is not None:
+        ns = sh.user_ns
+    else:
+        import __main__
+
+        ns = __main__.__dict__
+    runner = CellRunner(name, ns, sh)
+    install_routing(sh)
+    runner.start_thread()
+    return runner
+
+
+def launch_workers(s: Session, names: list[str], opts: dict[str, Any]) -> None:
+    """On the leader: claim a name and a rank for each worker, and start its process."""
+    store = _torch.store()
+    for wname in names:
+        roster.claim_name(store, wname)
+        rank = roster.next_rank(store)
+        assert s.group_dir is not None
+        proc = launch.start_worker(wname, rank, s.init_method, s.name, s.group_dir, opts,
+                                   s.secret)
+        with s.lock:
+            s.procs[wname] = proc
+
+
+def wait_ready(s: Session, timeout: float = START_TIMEOUT) -> None:
+    """On the leader: until every started worker has registered; a worker that exits
+    first fails the start at once, with its log."""
+    deadline = time.monotonic() + timeout
+    with s.lock:
+        waiting = dict(s.procs)
+    while waiting:
+        for wname, w in list(waiting.items()):
+            with s.lock:
+                ready = wname in s.members
+            if ready:
+                del waiting[wname]
+            elif not w.alive():
+                raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
+                                                            log=w.log_tail()))
+            elif time.monotonic() > deadline:
+                raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
+                                                             log=w.log_tail()))
+        if waiting:
+            time.sleep(0.02)
+
+
+def watch_in_background(s: Session, target: Any, *args: Any) -> None:
+    """Run a watcher thread (``rpcnb-watch``) for this group."""
+    s.watcher = threading.Thread(target=target, args=(s, *args), name="rpcnb-watch",
+                                 daemon=True)
+    s.watcher.start()
+
+
+def abort(s: Session | None, group_dir: Path | None, runner: Any = None) -> None:
+    """Undo a half-done start: stop what started, leave nothing running."""
+    if runner is not None:
+        runner.stop()
+    if s is not None:
+        s.closing = True
+        for w in s.procs.values():
+            w.stop(grace=0.5)
+            shm.remove_segments_of(w.pid)
+        if state.active() is s:
+            leave.local_shutdown(graceful=False)
+        shm.deactivate()
+        if s.runner is not None:
+            s.runner.stop()
+        state.end(s)
+    if group_dir is not None:
+        shutil.rmtree(group_dir, ignore_errors=True)

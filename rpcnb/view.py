@@ -1,0 +1,58 @@
+"""The group as ``%rpc_workers`` shows it: every member with host, pid, kind, devices,
+whether it is alive (or how it died), its calls and recent latency."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from rpcnb import _torch, machine, protocol, roster, state, telemetry
+from rpcnb.state import Group, Member
+
+
+def group(refresh: bool = True) -> Group:
+    """The group now: every member with host, pid, devices, liveness, calls and latency.
+
+    With ``refresh`` every other member is asked about itself (5 s at most); one that
+    does not answer shows as "not answering" until it answers again."""
+    s = state.current()
+    admitted = set(roster.live_names(s)) | {s.name}
+    infos = {w.name: w.id for w in _torch.agent().get_worker_infos() if w.name in admitted}
+    futs = {}
+    if refresh:
+        for name in infos:
+            if name != s.name and name not in s.dead:
+                try:
+                    futs[name] = (time.perf_counter(),
+                                  protocol.call_async(s.token, name, "describe_self", timeout=5))
+                except Exception:
+                    pass
+    for name, (t0, fut) in futs.items():
+        try:
+            info = fut.wait()
+        except Exception as exc:
+            with s.lock:
+                m = s.members.setdefault(name, Member(name, infos[name]))
+                m.alive, m.how = False, f"not answering ({(str(exc).splitlines() or [repr(exc)])[0]})"
+            continue
+        telemetry.record(name, "describe", telemetry.now(), time.perf_counter() - t0)
+        with s.lock:
+            m = s.members.setdefault(name, Member(name, infos[name]))
+            m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
+            m.alive, m.how = True, ""  # it answers (again)
+    rows = []
+    with s.lock:
+        if s.name not in s.members:
+            s.members[s.name] = Member(s.name, s.rank, socket.gethostname(), os.getpid(),
+                                       "kernel", machine.cuda_devices())
+        for name in set(infos) | set(s.dead):
+            m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
+            if name in s.dead:
+                m.alive, m.how = False, s.dead[name]
+            stats = telemetry.summary(name)
+            m.calls, m.recent_ms = stats["calls"], stats["recent_ms"]
+            rows.append(m)
+    rows.sort(key=lambda m: m.rank)
+    address = str(s.connection_path) if s.connection_path else s.init_method
+    return Group(s.name, s.leader, address, rows, remote=not s.one_host)

@@ -1,0 +1,167 @@
+"""The package's shape stays as docs/architecture.md draws it: one-way layers (checked by
+import-linter's contracts in pyproject.toml, imports inside functions included), no import
+cycle, no module over ~600 lines, and torch's private names in rpcnb/_torch.py only."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rpcnb"
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+MAX_LINES = 600
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def cycles(package: str) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = grimp.build_graph(package, cache_dir=None)
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in edges.get(m, []):
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            group = []
+            while True:
+                n = stack.pop()
+                group.append(n)
+                if n == m:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_layers_contract_is_kept():
+    proc = lint_imports(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+def test_no_import_cycle():
+    assert cycles("rpcnb") == []
+
+
+@pytest.fixture
+def tangled(tmp_path: Path) -> Path:
+    """A copy of the package where a low layer imports the API inside a function."""
+    shutil.copytree(PACKAGE, tmp_path / "rpcnb", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "rpcnb" / "state.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from rpcnb import session\n\n    return session\n")
+    return tmp_path
+
+
+def test_the_checks_catch_an_upward_import_inside_a_function(tangled: Path, monkeypatch):
+    proc = lint_imports(tangled)
+    assert proc.returncode != 0
+    assert "rpcnb.state -> rpcnb.session" in proc.stdout
+    monkeypatch.syspath_prepend(str(tangled))
+    for name in [m for m in sys.modules if m == "rpcnb" or m.startswith("rpcnb.")]:
+        monkeypatch.delitem(sys.modules, name)
+    found = cycles("rpcnb")
+    assert any("rpcnb.state" in group and "rpcnb.session" in group for group in found)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_too_long(path: Path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.name} has {lines} lines: split it by job"
+
+
+# Private torch names rpcnb uses; they belong in rpcnb/_torch.py, with the versions checked.
+PRIVATE = {
+    "_get_current_rpc_agent", "_internal_rpc_pickler", "_thread_local_tensor_tables",
+    "_init_counter", "_init_rpc_backend", "_set_profiler_node_id", "_update_group_membership",
+    "_jit_internal", "_TensorExtractor", "_extract_tensors", "_invoke_rpc", "_get_future",
+    "_tensor_str", "_get_backend_options", "_dispatch_table", "_tensor_reducer",
+    "_class_reducer_dict", "_py_rref_reducer", "_rref_reducer", "_script_module_reducer",
+    "_init", "_C", "_utils",
+}
+
+
+def private_torch_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    torch_names: set[str] = set()
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    torch_names.add((alias.asname or alias.name).split(".")[0])
+                    if any(part.startswith("_") for part in alias.name.split(".")):
+                        found.append(f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            if any(p.startswith("_") for p in node.module.split(".")):  # type: ignore[union-attr]
+                found.append(f"from {node.module} import ...")
+            for alias in node.names:
+                torch_names.add(alias.asname or alias.name)
+                if alias.name.startswith("_"):
+                    found.append(f"from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if (isinstance(base, ast.Name) and base.id in torch_names) or node.attr in PRIVATE:
+                found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(p for p in PACKAGE.rglob("*.py") if p.name != "_torch.py"),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_private_torch_names_stay_in_one_module(path: Path):
+    assert private_torch_uses(path) == [], f"move these into rpcnb/_torch.py: {path.name}"
+
+
+def test_the_private_name_check_finds_them():
+    assert private_torch_uses(PACKAGE / "_torch.py"), "the check would never fail"
+
+
+def rpc_sends(path: Path) -> list[str]:
+    """Where ``path`` makes a torch RPC itself (rpc_sync, rpc_async, remote)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("rpc_sync", "rpc_async", "remote") \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "rpc":
+            found.append(f"line {node.lineno}: rpc.{node.func.attr}")
+    return found
+
+
+def test_rpcnb_sends_its_requests_through_protocol_only():
+    # one RPC target (protocol.entry, token-checked) means no other rpcnb function can be
+    # called by another member, with or without the token
+    elsewhere = {str(p.relative_to(ROOT)): rpc_sends(p) for p in PACKAGE.rglob("*.py")
+                 if p.name != "protocol.py" and rpc_sends(p)}
+    assert elsewhere == {}
+    assert rpc_sends(PACKAGE / "protocol.py"), "the check would never fail"
