@@ -201,12 +201,16 @@ def send_tables() -> Iterator[list[Any]]:
             del tables.send_tables
 
 
-def patch_serialize(serialize: Callable[[Any, Any], tuple[bytes, list[Any]]]) -> None:
-    """Make torch's RPC pickler call ``serialize(pickler, obj)`` for every Python message."""
+def patch_serialize(serialize: Callable[[Any, Any], tuple[bytes, list[Any]]],
+                    deserialize: Callable[[Any, bytes, Any], Any]) -> None:
+    """Make torch's RPC pickler call ``serialize(pickler, obj)`` for every Python message
+    it sends and ``deserialize(pickler, data, tensor_table)`` for every one it receives
+    (C++ calls both by attribute on the pickler instance)."""
     import types
 
     p = rpc_pickler()
     p.serialize = types.MethodType(serialize, p)
+    p.deserialize = types.MethodType(deserialize, p)
 
 
 # -- the tensor extractor (torch 2.11, 2.13: torch/_jit_internal.py) ---------------------

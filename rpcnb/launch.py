@@ -140,7 +140,6 @@ def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir:
                  options: dict[str, Any], secret: str) -> LocalWorker:
     env = apply_quiet_env(dict(os.environ))
     env["PYTHONUNBUFFERED"] = "1"
-    env["RPCNB_SECRET"] = secret  # in the environment, not on the command line (ps)
     log_path = group_dir / f"{name}.log"
     cmd = [
         sys.executable, "-c", "from rpcnb.worker import main; main()",
@@ -153,9 +152,17 @@ def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir:
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True, cwd=os.getcwd(),
         )
+    # The secret goes through a pipe: not on the command line (ps) and not in the
+    # environment (/proc/PID/environ keeps a process's first environment for good).
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(secret.encode() + b"\n")
+        proc.stdin.close()
+    except OSError:
+        pass  # it died at once; the caller sees it exit
     return LocalWorker(name, rank, proc, log_path)
 
 

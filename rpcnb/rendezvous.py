@@ -47,6 +47,18 @@ REFUSED = (
     "connection file or the token that %rpc_init printed."
 )
 BAD_TOKEN = "rpcnb refused a request that did not carry the group's secret"
+UNSIGNED = (
+    "rpcnb refused a message that was not signed with the group's secret (a process "
+    "outside the group, or another rpcnb version)"
+)
+WRONG_SECRET = (
+    "The secret given for {addr} is not that group's: use the connection file or the "
+    "token that %rpc_init printed on the group's first kernel."
+)
+OTHER_PROTOCOL = (
+    "The group at {addr} speaks rpcnb protocol {theirs} and this kernel speaks {mine}: "
+    "install the same rpcnb version in every member's environment."
+)
 REMOTE_EXPOSES = (
     "rpcnb: the group listens on {host} (store port {port}, TensorPipe on {iface}). Anyone "
     "who reaches that address can connect to TensorPipe and run code: use it on a private "
@@ -89,6 +101,38 @@ def call_token(secret: str) -> str:
 
 def verify(expected: str, given: Any) -> bool:
     return isinstance(given, str) and hmac.compare_digest(expected, given)
+
+
+# Every Python payload a member sends (calls, remote creations, results, RRef fetches,
+# remote exceptions) is signed with a key derived from the secret and checked before it
+# is unpickled (rpcnb.serialize). The protocol number changes whenever rpcnb's requests
+# or signatures do; members with another one are refused before they join torch's group.
+PROTOCOL = "1"
+SIGNATURE = b"rpcnb-sig1:"  # then 32 bytes of HMAC-SHA256, then the pickle
+SIGNATURE_BYTES = len(SIGNATURE) + 32
+
+
+def sign_key(secret: str) -> bytes:
+    """The key Python payloads are signed with."""
+    return hmac.new(secret.encode(), b"rpcnb-sign", hashlib.sha256).digest()
+
+
+def key_check(secret: str) -> str:
+    """What the leader puts in the store so a joiner can tell, before it joins, whether
+    it has the group's secret (an HMAC: the store's readers learn nothing from it)."""
+    return hmac.new(secret.encode(), b"rpcnb-keycheck", hashlib.sha256).hexdigest()[:32]
+
+
+def sign(key: bytes, payload: bytes) -> bytes:
+    return SIGNATURE + hmac.digest(key, payload, "sha256") + payload
+
+
+def unsign(key: bytes, data: bytes) -> bytes | None:
+    """The payload of ``data`` if its signature is ``key``'s, else None."""
+    if len(data) < SIGNATURE_BYTES or not data.startswith(SIGNATURE):
+        return None
+    mac, payload = data[len(SIGNATURE):SIGNATURE_BYTES], data[SIGNATURE_BYTES:]
+    return payload if hmac.compare_digest(mac, hmac.digest(key, payload, "sha256")) else None
 
 
 def write_connection(group_dir: Path, conn: Connection) -> Path:
@@ -186,3 +230,20 @@ def open_store(address: str, timeout: float = 5.0, prefixed: bool = True) -> Any
     from rpcnb._torch import STORE_PREFIX
 
     return dist.PrefixStore(STORE_PREFIX, store)
+
+
+def check_group(store: Any, secret: str, addr: str) -> str:
+    """Before joining: the group's leader, once the store shows a group that speaks this
+    protocol and has this secret (RpcnbError otherwise). Nothing is claimed or joined
+    yet, so a refusal leaves the group as it was."""
+    try:
+        leader = store.get("rpcnb/leader").decode()
+    except Exception as exc:
+        raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=addr)) from exc
+    theirs = store.get("rpcnb/protocol").decode() if store.check(["rpcnb/protocol"]) \
+        else "unknown (an older rpcnb)"
+    if theirs != PROTOCOL:
+        raise RpcnbError(OTHER_PROTOCOL.format(addr=addr, theirs=theirs, mine=PROTOCOL))
+    if not verify(key_check(secret), store.get("rpcnb/keycheck").decode()):
+        raise RpcnbError(WRONG_SECRET.format(addr=addr))
+    return leader

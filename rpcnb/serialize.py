@@ -7,6 +7,8 @@ same name. rpcnb swaps in a cloudpickle-based pickler: anything defined in ``__m
 through torch's own tables so device maps and channels still apply. Large CPU tensors to
 a same-host peer take rpcnb's shared memory (``rpcnb.shm``).
 
+While this process is in a group, every payload it sends is signed with the group's key
+and every payload it receives is checked before it is unpickled (``rpcnb.rendezvous``).
 ``install()`` also hooks torch's rpc_sync / rpc_async / remote so every call this process
 makes is recorded in ``rpcnb.telemetry``. ``watch()`` (what ``%load_ext rpcnb`` calls)
 installs both as soon as the user's code imports torch.
@@ -25,7 +27,7 @@ import types
 from collections import ChainMap
 from typing import Any
 
-from rpcnb import shm, telemetry
+from rpcnb import rendezvous, shm, state, telemetry
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -51,7 +53,25 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     p = _pickler_class()(f, ChainMap(table, cloudpickle.Pickler.dispatch_table))
     with _torch.send_tables() as tensors:
         p.dump(obj)
-    return f.getvalue(), tensors
+    s = state.active()
+    if s is None:
+        return f.getvalue(), tensors
+    return rendezvous.sign(s.sign_key, f.getvalue()), tensors
+
+
+_original_deserialize: Any = None  # torch's _InternalRPCPickler.deserialize
+
+
+def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
+    """torch's ``deserialize``, for payloads signed with the group's key only: nothing
+    from outside the group is unpickled."""
+    s = state.active()
+    if s is not None:
+        payload = rendezvous.unsign(s.sign_key, data)
+        if payload is None:
+            raise PermissionError(rendezvous.UNSIGNED)
+        data = payload
+    return _original_deserialize(data, tensor_table)
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
@@ -125,9 +145,10 @@ def install() -> None:
             return
         from rpcnb import _torch
 
-        global _rref_future
+        global _rref_future, _original_deserialize
         _rref_future = _torch.rref_future
-        _torch.patch_serialize(_serialize)
+        _original_deserialize = _torch.rpc_pickler().deserialize
+        _torch.patch_serialize(_serialize, _deserialize)
         _torch.hook_calls(_record_call)
         _installed = True
 

@@ -102,6 +102,9 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         if remote:
             print(rendezvous.REMOTE_EXPOSES.format(host=host, port=port, iface=iface))
         store = _torch.store()
+        # what a joiner checks before it joins torch's group (rendezvous.check_group)
+        store.set("rpcnb/protocol", rendezvous.PROTOCOL)
+        store.set("rpcnb/keycheck", rendezvous.key_check(secret))
         store.set("rpcnb/leader", name)
         roster.claim_name(store, name)
         roster.claim_rank(store, my_rank)
@@ -144,10 +147,7 @@ def join(address: str, name: str, *, token: str | None = None,
             env["TP_SOCKET_IFNAME"] = machine.interface_towards(host, int(port))
     _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
     store = rendezvous.open_store(conn.address)
-    try:
-        leader = store.get("rpcnb/leader").decode()
-    except Exception as exc:
-        raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=address)) from exc
+    leader = rendezvous.check_group(store, conn.secret, address)
     roster.claim_name(store, name)
     fixed = roster.fixed_rank()
     if fixed is None:

@@ -91,6 +91,7 @@ class Session:
         self.options = options
         self.secret = secret
         self.token = rendezvous.call_token(secret)
+        self.sign_key = rendezvous.sign_key(secret)  # Python payloads are signed with it
         self.group_id = rendezvous.Connection(init_method, "", "").group_id
         self.runner = runner  # runs the remote cells sent to this member
         self.group_dir = group_dir  # only on the leader, which owns it

@@ -1,7 +1,7 @@
 """A worker process: ``main()`` makes a fresh Python a member of a group.
 
 ``rpcnb.launch`` starts it as ``python -c "from rpcnb.worker import main; main()" ...``
-with the group's secret in its environment. It builds a namespace (``__name__ ==
+and writes the group's secret into its stdin. It builds a namespace (``__name__ ==
 "__main__"``) with a headless IPython shell, so ``display()``, magics and
 ``get_ipython()`` work in remote cells; joins the group; registers with the leader; and
 runs remote cells on its main thread until it is asked to leave. A thread watches the
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     runner = CellRunner(args.name, ns, shell)
     runner.on_main = True  # it will own the main thread (and says "process" from now on)
     output.install_routing(shell)
-    secret = os.environ.pop("RPCNB_SECRET", "")
+    secret = sys.stdin.readline().strip()  # the leader writes it into our stdin pipe
     s = start.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
                            leader=args.leader, runner=runner, secret=secret)
     output.set_background(output.Capture(None, args.leader, args.name, s.token))

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from conftest import children_of, listening_addresses, worker_pids
+
+OUTSIDER = Path(__file__).parent / "outsider.py"
 
 
 def join_file(k) -> str:
@@ -69,6 +74,46 @@ def test_every_request_is_refused_without_the_token(group):
     assert group.execute("%%remote worker1 --fetch\n'still serving'").text == "'still serving'"
 
 
+def test_an_outsider_at_a_members_port_cannot_make_it_unpickle(group, tmp_path):
+    # the route an outsider takes: its own agent, told that worker1 is at worker1's
+    # TensorPipe address, then plain torch RPC with a Python function. Without the
+    # group's secret its pickle is not signed, so worker1 refuses it before unpickling.
+    address = group.value("__import__('torch').distributed.rpc.api._get_current_rpc_agent()"
+                          ".store.get('addrs/worker1').decode()")
+    marker = tmp_path / "ran"
+    proc = subprocess.run([sys.executable, str(OUTSIDER), str(tmp_path / "store"), "worker1",
+                           address, str(marker)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.startswith("REFUSED"), proc.stdout + proc.stderr[-2000:]
+    assert "not signed with the group's secret" in proc.stdout
+    assert not marker.exists()
+    assert group.execute("%%remote worker1 --fetch\n'still serving'").text == "'still serving'"
+
+
+def test_wrong_secret_or_version_is_refused_before_joining(group, kernel_factory):
+    path = join_file(group)
+    conn = json.loads(open(path).read())
+    eve = kernel_factory()
+    eve.execute("%load_ext rpcnb")
+    t0 = time.monotonic()
+    out = eve.execute(f"%rpc_init --join {conn['address']} --token {'0' * 32} --name eve",
+                      allow_error=True)
+    assert time.monotonic() - t0 < 5
+    assert "is not that group's" in out.traceback
+    # another protocol (an older or newer rpcnb) is refused the same way
+    out = eve.execute("import rpcnb.rendezvous as r\nr.PROTOCOL = '0'\n"
+                      f"%rpc_init --join {path} --name eve2", allow_error=True)
+    assert "speaks rpcnb protocol 1 and this kernel speaks 0" in out.traceback
+    assert eve.value("__import__('rpcnb.state').state.is_initialized()") is False
+    # neither took torch's membership token: a correct join goes straight through
+    ok = kernel_factory()
+    ok.execute("%load_ext rpcnb")
+    t0 = time.monotonic()
+    ok.execute(f"%rpc_init --join {path} --name bob")
+    assert time.monotonic() - t0 < 15
+    assert "eve" not in group.execute("%rpc_workers").text
+    assert group.execute("%%remote bob --fetch\n6 * 7").text == "42"
+
+
 def test_tcp_group_on_loopback_with_token_join_and_refusal(kernel_factory):
     leader = kernel_factory()
     leader.execute("%load_ext rpcnb")
@@ -91,7 +136,7 @@ def test_tcp_group_on_loopback_with_token_join_and_refusal(kernel_factory):
     assert "needs the group's secret" in no_token.traceback
     wrong = eve.execute(f"%rpc_init --join {conn['address']} --token {'0' * 32} --name eve",
                         allow_error=True, timeout=60)
-    assert "refused this kernel" in wrong.traceback
+    assert "is not that group's" in wrong.traceback
     assert eve.value("__import__('rpcnb.session').session.is_initialized()") is False
     table = leader.execute("%rpc_workers").text
     assert "eve" not in table and "alice" in table
