@@ -69,3 +69,11 @@ bench-quick: $(STAMP)
 .PHONY: docs
 docs: $(STAMP)
 	$(BIN)/python scripts/build_docs.py
+
+# Everything that needs a GPU (gpu-marked tests, notebook 02's CUDA mode, bench/gpu.py), in
+# one table; says so and exits 0 on a machine without CUDA. It uses .venv when there is
+# one, else $(PY) with whatever PYTHONPATH provides (a GPU machine without network: GPU.md).
+.PHONY: gpu-check
+GPU_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py

@@ -169,7 +169,9 @@ class PairPrediction:
     channels: dict[str, Choice]  # "cpu->cpu", "cuda:0->cuda:1" (src device -> dst device)
 
     def channel_names(self) -> set[str]:
-        return {c.name for c in self.channels.values()}
+        """The channels TensorPipe opens for this pipe: those chosen for a device pair
+        ("none", a pair no channel carries, opens nothing)."""
+        return {c.name for c in self.channels.values() if c.name != "none"}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -281,6 +283,10 @@ _CUDA_REASONS = {
 }
 
 
+_CPU_CUDA_REASON = ("cuda_basic: the only channel that pairs a CPU with a GPU (TensorPipe "
+                    "opens it for every pipe between two CUDA members)")
+
+
 def predict_pair(a: Facts, b: Facts) -> PairPrediction:
     """The transport and the channel per device pair of the pipe ``a -> b``."""
     transport = _choose("transport", list(TRANSPORTS), a, b,
@@ -305,6 +311,13 @@ def predict_pair(a: Facts, b: Facts) -> PairPrediction:
                 "channel", list(CUDA_CHANNELS), a, b,
                 lambda n, x=dev_a, y=dev_b: _cuda_fit(n, a, x, b, y),
                 lambda n: _CUDA_REASONS[n])
+    # cuda_basic is the one channel that also advertises the CPU (staging through it), so
+    # TensorPipe pairs a CPU with a GPU through it whenever both sides registered it
+    if "cuda_basic" in registered(a, "channel") and "cuda_basic" in registered(b, "channel"):
+        for dev_b in b.cuda_devices:
+            channels[f"cpu->cuda:{dev_b['index']}"] = Choice("cuda_basic", _CPU_CUDA_REASON)
+        for dev_a in a.cuda_devices:
+            channels[f"cuda:{dev_a['index']}->cpu"] = Choice("cuda_basic", _CPU_CUDA_REASON)
     return PairPrediction(a.name, b.name, transport, channels)
 
 

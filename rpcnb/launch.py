@@ -137,8 +137,11 @@ class LocalWorker:
 
 
 def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir: Path,
-                 options: dict[str, Any], secret: str) -> LocalWorker:
-    env = apply_quiet_env(dict(os.environ))
+                 options: dict[str, Any], secret: str,
+                 env: dict[str, str] | None = None) -> LocalWorker:
+    """Start worker ``name``: this Python, ``rpcnb.worker.main()``, in a session of its
+    own, with ``env`` added to this process's environment."""
+    env = apply_quiet_env(dict(os.environ, **(env or {})))
     env["PYTHONUNBUFFERED"] = "1"
     log_path = group_dir / f"{name}.log"
     cmd = [

@@ -32,6 +32,17 @@ def cuda_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
+def visible_gpu_ids(count: int | None = None) -> list[str]:
+    """How this process's GPUs are named in CUDA_VISIBLE_DEVICES (indices or UUIDs), in
+    the order torch numbers them: what a child process gets to see one of them."""
+    if count is None:
+        count = len(cuda_devices())
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [item.strip() for item in listed.split(",") if item.strip()][:count]
+
+
 def ib_devices() -> list[str]:
     """InfiniBand devices (``/sys/class/infiniband``), sorted; empty when there are none."""
     try:

@@ -17,6 +17,10 @@ PUSH_MISSING = "--push: there is no variable {name!r} in this notebook to send."
 JOIN_NEEDS_NAME = "--join needs --name: the name this kernel takes in the group, e.g. --name alice."
 JOIN_NO_WORKERS = "--join and --workers do not go together: the group's first kernel starts the workers."
 JOIN_NO_LISTEN = "--port/--host/--allow-remote are for the group's first kernel, not with --join."
+JOIN_NO_GPUS = (
+    "--gpus picks GPUs for the workers the group's first kernel starts; a joining kernel "
+    "uses what it sees (set CUDA_VISIBLE_DEVICES before starting it)."
+)
 BAD_OUTPUT_NAME = "-o {name!r} is not a valid Python variable name."
 
 # Options of the remote magics that take a value (for splitting the line form).
@@ -130,7 +134,11 @@ class RpcMagics(Magics):
     @argument("--channels", default=None, help="TensorPipe channels to allow, e.g. basic,cma")
     @argument("--transports", default=None, help="TensorPipe transports to allow, e.g. uv,shm")
     @argument("--device-map", default=None, metavar="SPEC",
-              help="this kernel's device map: {'worker1': {0: 1}} or DI-engine's 1_0_1,2_0_2")
+              help="this kernel's device map: {'worker1': {0: 1}}, DI-engine's 1_0_1,2_0_2, "
+                   "or auto (every GPU to the same index on every member, for every member)")
+    @argument("--gpus", default=None, metavar="SPEC",
+              help="GPUs of this kernel for the workers it starts: 0,1 (one each), 0+1,2+3, "
+                   "auto (round-robin) or none")
     @argument("--token", default=None, help="with --join tcp://HOST:PORT: the group's token")
     @argument("--port", type=int, default=None,
               help="meet over TCP on this port (0: any free one) instead of a private file")
@@ -165,6 +173,8 @@ class RpcMagics(Magics):
                     raise UsageError("--channels/--transports are set by the group's first kernel.")
                 if args.port is not None or args.host or args.allow_remote:
                     raise UsageError(JOIN_NO_LISTEN)
+                if args.gpus is not None:
+                    raise UsageError(JOIN_NO_GPUS)
                 group = session.join(args.join, args.name, token=args.token,
                                      shm=not args.no_shm, **kwargs)
             else:
@@ -172,6 +182,8 @@ class RpcMagics(Magics):
                     raise UsageError("--token goes with --join; a new group makes its own.")
                 if args.host and args.port is None:
                     raise UsageError("--host goes with --port: the address the group listens on.")
+                if args.gpus is not None:
+                    kwargs["gpus"] = args.gpus
                 group = session.init(args.workers, name=args.name or "worker0",
                                      channels=_csv(args.channels),
                                      transports=_csv(args.transports), shm=not args.no_shm,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import errors
@@ -28,6 +29,18 @@ CHANNELS = {
 }
 
 UNKNOWN_NAME = "Unknown TensorPipe {kind} {name!r}: choose from {known}."
+BAD_GPUS = (
+    "--gpus {spec!r} is not a GPU plan: write this kernel's GPU indices, one entry per "
+    "worker (0,1; 0+1,2+3 for two each), auto (round-robin) or none."
+)
+GPUS_COUNT = (
+    "--gpus {spec!r} has {given} entries for {workers} workers: give one entry per worker, "
+    "or a single one for all of them."
+)
+GPU_MISSING = (
+    "--gpus {spec!r}: this kernel sees {count} GPU{s}{available}, so GPU {index} does not "
+    "exist here; use auto, none, or indices below {count}."
+)
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 
@@ -73,15 +86,56 @@ def validate(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RPC_TIMEOU
     return opts
 
 
-def check_device_map(spec: Any, me: str, names: dict[int, str] | None = None) -> dict[str, Any]:
-    """Parse and validate a device map (dict or DI-engine string) for this machine before
-    anything starts; its plain dict form. Raises ValueError naming peer and device."""
+def check_device_map(spec: Any, me: str, names: dict[int, str] | None = None,
+                     peer_devices: dict[str, list[str]] | None = None,
+                     local_devices: list[str] | None = None) -> dict[str, Any]:
+    """Parse and validate a device map (dict or DI-engine string) before anything starts,
+    against this machine's devices (or ``local_devices``) and, for the peers given, theirs;
+    its plain dict form. Raises ValueError naming the member and the device."""
     from rpcnb.devicemap import DeviceMap
     from rpcnb.machine import cuda_devices
 
     dm = DeviceMap.parse(spec, me=me, names=names)
-    dm.check(local_devices=cuda_devices())
+    dm.check(local_devices=cuda_devices() if local_devices is None else local_devices,
+             peer_devices=peer_devices)
     return dm.to_dict()
+
+
+@dataclass
+class DevicePlan:
+    """The devices of a group this kernel starts, decided before anything starts."""
+
+    devices: dict[str, list[str]]  # member -> its CUDA devices, as torch numbers them there
+    visible: dict[str, str | None]  # worker -> its CUDA_VISIBLE_DEVICES (None: inherited)
+    maps: dict[str, dict[str, Any]]  # member -> its device map (dict form)
+
+
+def plan_devices(me: str, workers: list[str], gpus: str | None = None,
+                 device_map: Any = None) -> DevicePlan:
+    """Which GPUs each worker gets (``--gpus``) and every member's device map
+    (``--device-map``: this kernel's, or ``"auto"`` for every member), checked against the
+    devices each member will have. ValueError naming the member and device otherwise."""
+    from rpcnb.machine import cuda_devices, visible_gpu_ids
+
+    mine = cuda_devices()
+    ids = visible_gpu_ids(len(mine))
+    plan = plan_gpus(gpus, len(workers), ids)
+    devices = {me: mine}
+    visible: dict[str, str | None] = {}
+    for k, worker in enumerate(workers):
+        if plan is None:
+            devices[worker], visible[worker] = list(mine), None
+        else:
+            devices[worker] = [f"cuda:{j}" for j in range(len(plan[k]))]
+            visible[worker] = ",".join(ids[i] for i in plan[k])
+    maps: dict[str, dict[str, Any]] = {}
+    if isinstance(device_map, str) and device_map.strip().lower() == "auto":
+        maps = auto_device_maps(devices)
+    elif device_map is not None:
+        ranks = {0: me, **{i: n for i, n in enumerate(workers, start=1)}}
+        maps[me] = check_device_map(device_map, me, ranks, local_devices=mine,
+                                    peer_devices={w: devices[w] for w in workers})
+    return DevicePlan(devices, visible, maps)
 
 
 def backend_options(options: dict[str, Any], init_method: str) -> Any:
@@ -120,3 +174,81 @@ def keep_device_map(device_map: dict[str, Any] | None) -> None:
 def applied_device_map() -> dict[str, Any] | None:
     """The map the device-map editor applied, or None."""
     return dict(_applied) if _applied else None
+
+
+def plan_gpus(spec: str | None, workers: int, visible: list[str]) -> list[list[int]] | None:
+    """Which of this kernel's GPUs (indices into ``visible``) each started worker uses,
+    from ``--gpus``: ``"0,1"`` one each, ``"0+1,2"`` several, ``"auto"`` round-robin
+    over the visible GPUs (none when there are none), ``"none"`` no GPU. None (no
+    ``--gpus``): workers see what this kernel sees."""
+    if spec is None:
+        return None
+    text = str(spec).strip().lower()
+    if text == "none":
+        return [[] for _ in range(workers)]
+    if text == "auto":
+        return [[i % len(visible)] if visible else [] for i in range(workers)]
+    entries = [e.strip() for e in text.split(",")]
+    plan: list[list[int]] = []
+    for entry in entries:
+        parts = [p.strip() for p in entry.split("+")]
+        if not entry or not all(p.isdigit() for p in parts):
+            raise ValueError(BAD_GPUS.format(spec=spec))
+        indices = [int(p) for p in parts]
+        for index in indices:
+            if index >= len(visible):
+                count = len(visible)
+                available = f" (cuda:0..cuda:{count - 1})" if count else ""
+                raise ValueError(GPU_MISSING.format(spec=spec, count=count, index=index,
+                                                    s="" if count == 1 else "s",
+                                                    available=available))
+        plan.append(indices)
+    if len(plan) == 1:
+        plan = plan * workers
+    if len(plan) != workers:
+        raise ValueError(GPUS_COUNT.format(spec=spec, given=len(plan), workers=workers))
+    return plan
+
+
+MAPS_ONTO_ME = (
+    "{peer}'s device map sends to {me}'s {device}, but {me} has {have}: join with that "
+    "GPU visible, or start the group with another map."
+)
+
+
+def join_device_map(me: str, spec: Any, mine: list[str],
+                    members: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """A joining kernel's map (``spec``: a map, ``"auto"``, or None) checked, before it
+    joins, against the devices of the members already in (``members``: what
+    ``roster.published`` returns), and their maps onto this kernel against its devices."""
+    from rpcnb.devicemap import DeviceMap
+
+    peers = {name: info["devices"] for name, info in members.items() if name != me}
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        mapped = auto_device_maps({me: mine, **peers}).get(me)
+    elif spec is not None:
+        mapped = check_device_map(spec, me, local_devices=mine, peer_devices=peers)
+    else:
+        mapped = None
+    for peer, info in members.items():
+        onto_me = (info.get("device_map") or {}).get(me)
+        for remote in (onto_me or {}).values():
+            if remote not in mine:
+                have = ", ".join(mine) if mine else "no CUDA devices"
+                raise ValueError(MAPS_ONTO_ME.format(peer=peer, me=me, device=remote, have=have))
+    if mapped:
+        DeviceMap.parse(mapped, me=me).check(local_devices=mine, peer_devices=peers)
+    return mapped
+
+
+def auto_device_maps(devices: dict[str, list[str]]) -> dict[str, dict[str, dict[str, str]]]:
+    """DI-engine's default map for every member: each of its GPUs to the same index on
+    every other member that has it (``{member: {peer: {"cuda:0": "cuda:0"}}}``), so a
+    CUDA tensor goes device to device between any two members."""
+    maps: dict[str, dict[str, dict[str, str]]] = {}
+    for me, mine in devices.items():
+        for peer, theirs in devices.items():
+            common = [d for d in mine if d in theirs]
+            if peer != me and common:
+                maps.setdefault(me, {})[peer] = {d: d for d in common}
+    return maps

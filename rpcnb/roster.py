@@ -5,6 +5,7 @@ members, and dead members removed from torch's dynamic group so it stays usable.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -59,6 +60,28 @@ def claim_name(store: Any, name: str) -> None:
         raise RpcnbError(errors.NAME_TAKEN.format(name=name))
 
 
+def publish(store: Any, name: str, devices: list[str],
+            device_map: dict[str, Any] | None) -> None:
+    """Put ``name``'s devices and device map where a later joiner checks its own map
+    against them before it joins (torch would only find a mismatch inside init_rpc, and
+    then hang for rpc_timeout holding the group's token)."""
+    key = "rpcnb/devices"
+    entry = {"devices": list(devices), "device_map": device_map or {}}
+    while True:
+        old = store.get(key).decode() if store.check([key]) else ""
+        table = json.loads(old) if old else {}
+        table[name] = entry
+        new = json.dumps(table, sort_keys=True)
+        if store.compare_set(key, old, new).decode() == new:
+            return
+
+
+def published(store: Any) -> dict[str, dict[str, Any]]:
+    """Every member's devices and device map, as ``publish`` put them."""
+    key = "rpcnb/devices"
+    return json.loads(store.get(key).decode()) if store.check([key]) else {}
+
+
 # --------------------------------------------------------------------------- admission
 
 
@@ -71,7 +94,7 @@ def admit(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) ->
         return None
     with s.lock:
         s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
-                                 info["devices"])
+                                 info["devices"], info.get("gpus", ""))
         if info.get("facts"):
             s.facts[name] = info["facts"]
     return s.admitted()

@@ -149,6 +149,11 @@ def install() -> None:
         _rref_future = _torch.rref_future
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)
+        # With devices set, torch finds the CUDA tensors in a Python result by pickling
+        # it: with cloudpickle too, or a result holding a notebook-defined class fails
+        import cloudpickle
+
+        _torch.replace_tensor_extractor(cloudpickle.Pickler)
         _torch.hook_calls(_record_call)
         _installed = True
 

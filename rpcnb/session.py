@@ -31,14 +31,19 @@ __all__ = ["ALL", "Group", "group", "init", "interrupt", "is_initialized", "join
 def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFAULT_THREADS,
          timeout: float = options.DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
          transports: Iterable[str] | None = None, shm: bool = True,
-         device_map: Any = None, port: int | None = None, host: str = "127.0.0.1",
-         allow_remote: bool = False) -> Group:
+         device_map: Any = None, gpus: str | None = None, port: int | None = None,
+         host: str = "127.0.0.1", allow_remote: bool = False) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
-    The workers are named ``worker1``..``workerN``. ``device_map`` (torch's dict form or
-    DI-engine's ``"1_0_1"`` string) is this process's map, checked before anything
-    starts. By default the rendezvous is a file in a private temporary directory, so the
-    group is reachable from this host only; ``port`` serves it over TCP on ``host``
+    The workers are named ``worker1``..``workerN``. ``gpus`` says which of this kernel's
+    GPUs each worker gets (``"0,1"``: one each; ``"0+1,2+3"``: two each; ``"auto"``:
+    round-robin; ``"none"``); a worker numbers its GPUs from ``cuda:0``, as torch does in a
+    process that sees only those. ``device_map`` (torch's dict form or DI-engine's
+    ``"1_0_1"`` string) is this process's map, checked against every member's devices
+    before anything starts; ``"auto"`` maps every GPU to the same index on every other
+    member that has it, for every member (DI-engine's default). By default the rendezvous
+    is a file in a private temporary directory, so the group is reachable from this host
+    only; ``port`` serves it over TCP on ``host``
     (loopback unless ``allow_remote``). Either way a random secret, kept in the connection
     file, is needed to join.
     """
@@ -53,9 +58,9 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
     opts = options.validate(threads, timeout, channels, transports)
     opts["shm"] = bool(shm)
-    if device_map is not None:
-        ranks = {0: name, **{i: n for i, n in enumerate(names, start=1)}}
-        opts["device_map"] = options.check_device_map(device_map, name, ranks)
+    devices = options.plan_devices(name, names, gpus, device_map)
+    if name in devices.maps:
+        opts["device_map"] = devices.maps[name]
     if port is not None and not (isinstance(port, int) and 0 <= port < 65536):
         raise ValueError(f"--port must be a TCP port number (0-65535), not {port!r}.")
     host = rendezvous.check_host(host, allow_remote)
@@ -108,10 +113,11 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         store.set("rpcnb/leader", name)
         roster.claim_name(store, name)
         roster.claim_rank(store, my_rank)
+        for member in [name, *names]:
+            roster.publish(store, member, devices.devices[member], devices.maps.get(member))
         s.add_member(Member(name, my_rank, socket.gethostname(), os.getpid(), "kernel",
                             machine.cuda_devices()))
-        # the device map is this kernel's own; workers start without one
-        start.launch_workers(s, names, {k: v for k, v in opts.items() if k != "device_map"})
+        start.launch_workers(s, names, opts, devices)
         start.wait_ready(s)
         start.watch_in_background(s, deaths.watch)
     except BaseException:
@@ -132,13 +138,14 @@ def join(address: str, name: str, *, token: str | None = None,
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
     options.check_name(name)
-    mapped = options.check_device_map(device_map, name) if device_map is not None else None
+    mine = machine.cuda_devices()
+    if device_map is not None and not (isinstance(device_map, str)
+                                       and device_map.strip().lower() == "auto"):
+        options.check_device_map(device_map, name, local_devices=mine)  # before any I/O
     conn = rendezvous.read_connection(address, token)
     opts = options.validate(threads, timeout if timeout is not None
                             else options.DEFAULT_RPC_TIMEOUT)
     opts["shm"] = shm
-    if mapped:
-        opts["device_map"] = mapped
     env: dict[str, str] = {}
     if conn.is_tcp:
         host, _, port = conn.address[len("tcp://"):].rpartition(":")
@@ -148,6 +155,9 @@ def join(address: str, name: str, *, token: str | None = None,
     _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
     store = rendezvous.open_store(conn.address)
     leader = rendezvous.check_group(store, conn.secret, address)
+    mapped = options.join_device_map(name, device_map, mine, roster.published(store))
+    if mapped:
+        opts["device_map"] = mapped
     roster.claim_name(store, name)
     fixed = roster.fixed_rank()
     if fixed is None:
@@ -156,6 +166,7 @@ def join(address: str, name: str, *, token: str | None = None,
         raise RpcnbError(errors.RANK_FIXED.format(rank=fixed))
     else:
         rank = fixed
+    roster.publish(store, name, mine, mapped)
 
     from rpcnb import deaths, handlers, start
 

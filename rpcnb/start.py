@@ -92,6 +92,7 @@ def self_info(s: Session) -> dict[str, Any]:
         "host": socket.gethostname(),
         "kind": runner.kind if runner is not None else "kernel",
         "devices": machine.cuda_devices(),
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "") if runner and runner.on_main else "",
         "cells": runner.cells_run if runner is not None else 0,
         "torch": torch.__version__,
     }
@@ -113,7 +114,7 @@ def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
         for other, other_rank in admitted:
             s.members.setdefault(other, Member(other, other_rank))
         s.members[s.name] = Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
-                                   info["devices"])
+                                   info["devices"], info["gpus"])
     return list(admitted)
 
 
@@ -132,15 +133,26 @@ def kernel_runner(name: str) -> CellRunner:
     return runner
 
 
-def launch_workers(s: Session, names: list[str], opts: dict[str, Any]) -> None:
-    """On the leader: claim a name and a rank for each worker, and start its process."""
+def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
+                   devices: options.DevicePlan) -> None:
+    """On the leader: claim a name and a rank for each worker, and start its process with
+    its GPUs (``CUDA_VISIBLE_DEVICES``) and its device map from ``devices``."""
     store = _torch.store()
+    env: dict[str, str] = {}
+    if machine.ib_devices():  # DI-engine's caveat: fork and RDMA (libibverbs) together
+        env.update(IBV_FORK_SAFE="1", RDMAV_FORK_SAFE="1")
     for wname in names:
         roster.claim_name(store, wname)
         rank = roster.next_rank(store)
         assert s.group_dir is not None
-        proc = launch.start_worker(wname, rank, s.init_method, s.name, s.group_dir, opts,
-                                   s.secret)
+        wopts = {k: v for k, v in opts.items() if k != "device_map"}
+        if wname in devices.maps:
+            wopts["device_map"] = devices.maps[wname]
+        wenv = dict(env)
+        if devices.visible.get(wname) is not None:
+            wenv["CUDA_VISIBLE_DEVICES"] = str(devices.visible[wname])
+        proc = launch.start_worker(wname, rank, s.init_method, s.name, s.group_dir, wopts,
+                                   s.secret, env=wenv)
         with s.lock:
             s.procs[wname] = proc
 

@@ -31,6 +31,7 @@ class Member:
     pid: int | None = None
     kind: str = "process"  # "process" (started by rpcnb) or "kernel"
     devices: list[str] = field(default_factory=list)
+    gpus: str = ""  # its CUDA_VISIBLE_DEVICES, when rpcnb gave it some (--gpus)
     alive: bool = True
     how: str = ""  # how it died or left, or why it does not answer
     calls: int = 0
@@ -59,7 +60,7 @@ class Group:
             rows.append((
                 m.name + (" (this kernel)" if m.name == self.me else ""),
                 str(m.rank), m.host, str(m.pid or "-"), m.kind,
-                ",".join(m.devices) or "cpu",
+                (",".join(m.devices) or "cpu") + (f" (GPU {m.gpus})" if m.gpus else ""),
                 "yes" if m.alive else f"no: {m.how}",
                 str(m.calls),
                 "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",

@@ -40,6 +40,7 @@ def group(refresh: bool = True) -> Group:
         with s.lock:
             m = s.members.setdefault(name, Member(name, infos[name]))
             m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
+            m.gpus = info.get("gpus", "")
             m.alive, m.how = True, ""  # it answers (again)
     rows = []
     with s.lock:

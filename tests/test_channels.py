@@ -128,7 +128,12 @@ def test_cuda_pairs():
     a = dataclasses.replace(a, cuda_devices=a.cuda_devices, p2p=a.p2p)
     p = predict_pair(a, b)
     assert set(p.channels) == {"cpu->cpu", "cuda:0->cuda:0", "cuda:0->cuda:1",
-                               "cuda:1->cuda:0", "cuda:1->cuda:1"}
+                               "cuda:1->cuda:0", "cuda:1->cuda:1", "cpu->cuda:0",
+                               "cpu->cuda:1", "cuda:0->cpu", "cuda:1->cpu"}
+    # a CPU is paired with a GPU through cuda_basic, the one channel that advertises both:
+    # TensorPipe opens it on every pipe between CUDA members
+    assert p.channels["cpu->cuda:1"].name == p.channels["cuda:0->cpu"].name == "cuda_basic"
+    assert p.channel_names() == {"cma", "cuda_ipc", "cuda_basic"}
     assert p.channels["cuda:0->cuda:1"].name == "cuda_ipc"
     assert "cuda_xth: different processes" in p.channels["cuda:0->cuda:1"].passed
     no_p2p = predict_pair(member("a", 1, **gpus(2, "h", p2p=False)),
@@ -144,6 +149,12 @@ def test_cuda_pairs():
     assert "nv_peer_mem" in plain.channels["cuda:0->cuda:0"].reason
     cpu_only = predict_pair(member("a", 1, cuda_built=True), member("b", 2, **gpus(1, "h")))
     assert set(cpu_only.channels) == {"cpu->cpu"}
+    # CUDA channels left out of --channels: the GPU pairs have none, and open nothing
+    restricted = predict_pair(member("a", 1, channels=["cma", "basic"], **gpus(1, "h")),
+                              member("b", 2, channels=["cma", "basic"], **gpus(1, "h")))
+    assert restricted.channels["cuda:0->cuda:0"].name == "none"
+    assert "cpu->cuda:0" not in restricted.channels
+    assert restricted.channel_names() == {"cma"}
 
 
 def test_predict_covers_every_ordered_pair_and_serialises():

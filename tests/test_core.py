@@ -6,6 +6,7 @@ kernel starts real worker processes that talk torch RPC over loopback.
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import time
@@ -16,6 +17,13 @@ from conftest import children_of, kill_all, listening_addresses, pid_alive, work
 # The PyTorch CUDA RPC recipe (shared/seeds/000_00ff677fa0ebadd3.txt), kept with the tests
 # so they do not depend on where shared/ lies.
 SEED = Path(__file__).parent / "data" / "cuda_rpc_recipe.txt"
+
+
+def torch_gpus() -> int:
+    """The CUDA devices of this machine (the tests' kernels see the same)."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def test_load_ext_is_light_and_quiet(kernel):
@@ -31,13 +39,27 @@ def test_load_ext_is_light_and_quiet(kernel):
 
 
 def test_device_map_is_checked_before_anything_starts(kernel):
+    # on any machine: a map onto a GPU worker1 does not have (worker1 sees this kernel's
+    # GPUs), refused in seconds with the member and the device named, nothing started
+    gpus = torch_gpus()
     kernel.execute("%load_ext rpcnb")
     before = set(children_of(kernel.pid))
-    bad = kernel.execute("%rpc_init --workers 1 --device-map 1_0_1", allow_error=True)
-    assert "this machine has no CUDA devices" in bad.traceback
+    t0 = time.monotonic()
+    bad = kernel.execute(f"%rpc_init --workers 1 --device-map 1_0_{gpus}", allow_error=True)
+    assert time.monotonic() - t0 < 5
+    if gpus == 0:
+        assert "this machine has no CUDA devices" in bad.traceback
+    else:
+        assert f"worker1 has only {gpus} CUDA device" in bad.traceback
+        assert f"cuda:{gpus} in the map for worker1 does not exist there" in bad.traceback
     assert set(children_of(kernel.pid)) == before  # nothing was started
-    dup = kernel.execute("%rpc_init --workers 2 --device-map 1_0_1,2_0_1", allow_error=True)
-    assert "duplicated target device" in dup.traceback or "no CUDA" in dup.traceback
+    dup = kernel.execute("%rpc_init --workers 1 --device-map 1_0_0,1_1_0", allow_error=True)
+    assert "duplicated target device" in dup.traceback
+    bad = kernel.execute("%rpc_init --workers 2 --gpus 0,1,2", allow_error=True)
+    assert "--gpus '0,1,2'" in bad.traceback
+    bad = kernel.execute(f"%rpc_init --workers 1 --gpus {gpus}", allow_error=True)
+    assert f"this kernel sees {gpus} GPU" in bad.traceback
+    assert set(children_of(kernel.pid)) == before
     kernel.execute("%rpc_init --workers 1 --device-map \"{'worker1': {'cpu': 'cpu'}}\"")
     maps = kernel.value("{k: {str(a): str(b) for a, b in v.items()} for k, v in __import__("
                         "'torch').distributed.rpc.api._get_current_rpc_agent()"
@@ -401,3 +423,54 @@ def test_worker_exiting_inside_a_cell_then_shutdown_and_init(group):
     group.execute("%rpc_init --workers 1")
     assert group.execute("%%remote worker1 --fetch\n'back'").text == "'back'"
     group.execute("%rpc_shutdown")
+
+
+def test_tensor_extraction_handles_notebook_classes(group):
+    # With a device map, torch's C++ finds the CUDA tensors inside a Python result by
+    # pickling it (torch._jit_internal._extract_tensors, plain pickle): a result holding
+    # an instance of a class the notebook shipped (the CUDA RPC recipe's module, created
+    # with rpc.remote) must get through. The same call, on the worker, on CPU:
+    group.execute(
+        "import torch, torch.distributed.rpc as rpc\n"
+        "class Shard(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.ones(3))\n"
+        "        self.extra = torch.zeros(2)\n"
+        "def extract_there():\n"
+        "    import torch._jit_internal as jit\n"
+        "    found = jit._extract_tensors([Shard(), {'t': torch.arange(4)}])\n"
+        "    return sorted(tuple(t.shape) for t in found)\n"
+    )
+    assert group.value("rpc.rpc_sync('worker1', extract_there)") == [(2,), (3,), (4,)]
+
+
+def test_gpus_per_worker_and_auto_device_maps(kernel):
+    # --gpus none: workers see no GPU; --gpus auto: one each, round-robin, numbered from
+    # cuda:0 in each worker; --device-map auto: every member maps each GPU to the same
+    # index on every other member that has it (on a CPU machine: no map at all)
+    gpus = torch_gpus()
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2 --gpus none --device-map auto")
+    seen = kernel.execute("%%remote --all --fetch\nimport os, torch\n"
+                          "(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count())")
+    assert seen.text == "{'worker1': ('', 0), 'worker2': ('', 0)}"
+    rows = {ln.split()[0]: ln for ln in kernel.execute("%rpc_workers").text.splitlines()
+            if ln.startswith("worker")}
+    assert " cpu " in rows["worker1"] and " cpu " in rows["worker2"]
+    kernel.execute("%rpc_shutdown")
+    kernel.execute("%rpc_init --workers 2 --gpus auto --device-map auto")
+    seen = kernel.execute("%%remote --all --fetch\nimport torch\ntorch.cuda.device_count()")
+    assert seen.text == repr({"worker1": min(gpus, 1), "worker2": min(gpus, 1)})
+    maps = kernel.execute(
+        "%%remote --all --fetch\nimport torch.distributed.rpc as rpc\n"
+        "{p: {str(a): str(b) for a, b in m.items()} for p, m in "
+        "rpc.api._get_current_rpc_agent()._get_backend_options().device_maps.items()}")
+    if gpus == 0:
+        assert ast.literal_eval(maps.text) == {"worker1": {}, "worker2": {}}
+    else:  # worker to worker goes direct: each maps its cuda:0 onto the other's cuda:0
+        assert ast.literal_eval(maps.text) == {
+            "worker1": {"worker0": {"cuda:0": "cuda:0"}, "worker2": {"cuda:0": "cuda:0"}},
+            "worker2": {"worker0": {"cuda:0": "cuda:0"}, "worker1": {"cuda:0": "cuda:0"}}}
+        assert "(GPU " in kernel.execute("%rpc_workers").text
+    kernel.execute("%rpc_shutdown")

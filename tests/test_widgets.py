@@ -57,7 +57,8 @@ def test_devmap_editor_live_group_and_apply(group):
     assert any("application/vnd.jupyter.widget-view+json" in r for r in out.results)
     assert group.value("ed.source") == "live group"
     assert group.value("[p['name'] for p in ed.peers]") == ["worker1", "worker2"]
-    assert group.value("ed.local_devices") == []  # no GPU here: nothing to map
+    gpus = __import__("torch").cuda.device_count()
+    assert group.value("ed.local_devices") == [f"cuda:{i}" for i in range(gpus)]
     group.execute("ed = %rpc_devmap --topology worker0=2,worker1=2,worker2=1")
     assert group.value("ed.source") == "live group with a declared topology"
     assert group.value("ed.problems") == []
@@ -70,9 +71,15 @@ def test_devmap_editor_live_group_and_apply(group):
     assert group.value("__import__('rpcnb.widgets').widgets.applied_device_map()") == {
         "worker1": {"cuda:0": "cuda:1"}}
     group.execute("%rpc_shutdown")
-    # the next %rpc_init uses the applied map, and checks it against this machine
-    out = group.execute("%rpc_init --workers 1", allow_error=True)
-    assert "this machine has no CUDA devices" in out.traceback
+    # the next %rpc_init uses the applied map, and checks it against every member's GPUs
+    out = group.execute("%rpc_init --workers 1", allow_error=gpus < 2)
+    if gpus == 0:
+        assert "this machine has no CUDA devices" in out.traceback
+    elif gpus == 1:
+        assert "worker1 has only 1 CUDA device" in out.traceback
+    else:  # the map is valid here: the group starts with it
+        assert "rpcnb group of 2" in out.stdout
+        group.execute("%rpc_shutdown")
     # an explicit --device-map wins over the applied one
     out = group.execute("%rpc_init --workers 1 --device-map '{}'")
     assert "rpcnb group of 2" in out.stdout

@@ -1,0 +1,118 @@
+"""Planning GPUs before anything starts: which GPUs each worker gets (``--gpus``), the
+``auto`` device maps, and a joining kernel's map against the members already in. These
+are rpcnb's own rules on device lists, so they run on any machine; what only a GPU can
+show is in the ``gpu``-marked tests at the end (they skip without CUDA, and say why)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rpcnb import options
+
+VISIBLE = ["0", "1", "2"]
+
+
+def test_gpu_plans():
+    assert options.plan_gpus(None, 2, VISIBLE) is None  # workers see what the kernel sees
+    assert options.plan_gpus("none", 2, VISIBLE) == [[], []]
+    assert options.plan_gpus("auto", 4, VISIBLE) == [[0], [1], [2], [0]]
+    assert options.plan_gpus("auto", 2, []) == [[], []]  # no GPU: nobody gets one
+    assert options.plan_gpus("1,2", 2, VISIBLE) == [[1], [2]]
+    assert options.plan_gpus("0+1,2", 2, VISIBLE) == [[0, 1], [2]]
+    assert options.plan_gpus("2", 3, VISIBLE) == [[2], [2], [2]]  # one entry for all
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("0,1,2", "has 3 entries for 2 workers"),
+    ("3", "this kernel sees 3 GPUs (cuda:0..cuda:2), so GPU 3 does not exist here"),
+    ("x", "is not a GPU plan"),
+    ("0,,1", "is not a GPU plan"),
+    ("-1", "is not a GPU plan"),
+])
+def test_bad_gpu_plans_say_what_to_do(spec, words):
+    with pytest.raises(ValueError, match="use auto|one entry per worker|0,1"):
+        options.plan_gpus(spec, 2, VISIBLE)
+    with pytest.raises(ValueError) as err:
+        options.plan_gpus(spec, 2, VISIBLE)
+    assert words in str(err.value)
+
+
+def test_auto_maps_every_gpu_to_the_same_index_for_every_member():
+    devices = {"worker0": ["cuda:0", "cuda:1"], "worker1": ["cuda:0"], "worker2": ["cuda:0"],
+               "worker3": []}
+    maps = options.auto_device_maps(devices)
+    assert maps["worker0"] == {"worker1": {"cuda:0": "cuda:0"}, "worker2": {"cuda:0": "cuda:0"}}
+    assert maps["worker1"] == {"worker0": {"cuda:0": "cuda:0"}, "worker2": {"cuda:0": "cuda:0"}}
+    assert "worker3" not in maps  # no GPU: CPU tensors only
+
+
+def test_a_joiner_is_checked_against_the_members_already_in():
+    members = {"worker0": {"devices": ["cuda:0", "cuda:1"],
+                           "device_map": {"alice": {"cuda:0": "cuda:1"}}},
+               "worker1": {"devices": ["cuda:0"], "device_map": {}}}
+    # worker0 sends to alice's cuda:1: a joiner with one GPU is refused before it joins
+    with pytest.raises(ValueError, match="worker0's device map sends to alice's cuda:1, "
+                                         "but alice has cuda:0"):
+        options.join_device_map("alice", None, ["cuda:0"], members)
+    assert options.join_device_map("alice", None, ["cuda:0", "cuda:1"], members) is None
+    # the joiner's own map onto a GPU worker1 does not have
+    with pytest.raises(ValueError, match="worker1 has only 1 CUDA device"):
+        options.join_device_map("alice", {"worker1": {0: 1}}, ["cuda:0", "cuda:1"], members)
+    assert options.join_device_map("alice", "auto", ["cuda:0", "cuda:1"], members) == {
+        "worker0": {"cuda:0": "cuda:0", "cuda:1": "cuda:1"}, "worker1": {"cuda:0": "cuda:0"}}
+
+
+# -- on a GPU machine -------------------------------------------------------------------
+
+SEED = Path(__file__).parent / "data" / "cuda_rpc_recipe.txt"
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+needs_cuda = pytest.mark.skipif(_gpus() == 0, reason=(
+    "needs a CUDA device: this torch sees none, so there is no device-mapped path, no CUDA "
+    "IPC and no CUDA tensor to extract from a result"))
+
+
+@pytest.mark.parametrize("comm_mode", ["cpu", "cuda"])
+@pytest.mark.gpu
+@needs_cuda
+def test_the_recipe_pasted_as_is_runs_in_both_modes(kernel, comm_mode):
+    # the recipe's MyModule and measure, pasted into a cell unchanged; with one GPU
+    # both processes use cuda:0 (map {0: 0}), with two the recipe's {0: 1}
+    src = SEED.read_text()
+    recipe = src[src.index("class MyModule"):src.index("def run_worker")]
+    remote = "cuda:1" if _gpus() >= 2 else "cuda:0"
+    if remote == "cuda:0":
+        recipe = recipe.replace('"cuda:1"', '"cuda:0"')
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute(f"%rpc_init --workers 1 --device-map \"{{'worker1': {{0: {remote[-1]}}}}}\"")
+    kernel.execute("import torch\nimport torch.distributed.autograd as autograd\n"
+                   "import torch.distributed.rpc as rpc\nimport torch.nn as nn\nimport time\n"
+                   + recipe)
+    out = kernel.execute(f'measure(comm_mode="{comm_mode}")', timeout=300)
+    assert f"{comm_mode} RPC" in out.stdout
+    kernel.execute("%rpc_shutdown")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_tensors_go_device_to_device_between_workers(kernel):
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2 --gpus auto --device-map auto")
+    kernel.execute("import torch\nt = torch.arange(6., device='cuda:0')")
+    out = kernel.execute("%%remote worker1 --push t --fetch\n"
+                         "import torch.distributed.rpc as rpc\n"
+                         "def double(x):\n    return x * 2\n"
+                         "back = rpc.rpc_sync('worker2', double, args=(t,))\n"
+                         "(str(t.device), str(back.device), back.sum().item())")
+    assert out.text == "('cuda:0', 'cuda:0', 30.0)"
+    fetched = kernel.execute("%%remote worker1 --fetch\nt + 1\n")
+    assert "device='cuda:0'" in fetched.text
+    kernel.execute("%rpc_shutdown")
