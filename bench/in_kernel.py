@@ -74,7 +74,14 @@ def roundtrip(rc: Any, calls: int, rounds: int, warmup: int,
         import rpcnb
         from bench.targets import noop
 
+        from bench.targets import uses_torch
+
+        # the same function defined in a notebook cell: rpcnb ships it by value
+        exec("import torch\ndef nb_uses_torch():\n    return torch.float32\n", ip.user_ns)
+        notebook_fn = ip.user_ns["nb_uses_torch"]
         methods["rpc_sync"] = lambda: rpc.rpc_sync("worker1", noop)
+        methods["rpc_sync fn using torch (importable)"] = lambda: rpc.rpc_sync("worker1", uses_torch)
+        methods["rpc_sync fn using torch (notebook)"] = lambda: rpc.rpc_sync("worker1", notebook_fn)
         methods["rpcnb.run"] = lambda: rpcnb.run("worker1", "None")
         methods["%%remote"] = lambda: ip.run_cell_magic("remote", "worker1", "None")
     if rc is not None:

@@ -387,6 +387,11 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
         if rem is not None and base is not None:
             target("%%remote no-op <= raw rpc_sync + 2 ms", rem, base + 2.0, rem <= base + 2.0,
                    f"{rem:.3f} ms vs {base:.3f} + 2 = {base + 2:.3f} ms")
+        nb = _med(rt.get("rpc_sync fn using torch (notebook)"))
+        imp = _med(rt.get("rpc_sync fn using torch (importable)"))
+        if nb is not None and imp is not None:
+            target("notebook function using torch <= 1.2x importable one", nb / imp, 1.2,
+                   nb / imp <= 1.2, f"{nb / imp:.2f}x ({nb:.3f} vs {imp:.3f} ms)")
         for label, ref in (("side by side", px), ("ipyparallel alone", _med(alone.get("%%px")))):
             if rem is not None and ref is not None:
                 target(f"%%remote no-op <= 0.5x ipyparallel %px ({label})", rem / ref, 0.5,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 def noop() -> None:
     return None
@@ -22,3 +24,8 @@ def one() -> int:
 def consume(t: Any) -> int:
     """Receive a tensor and answer with something tiny, so the round trip is one-way data."""
     return int(t.numel())
+
+
+def uses_torch() -> Any:
+    """A function that refers to a package: shipped by reference, since it is importable."""
+    return torch.float32

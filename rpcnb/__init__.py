@@ -40,6 +40,9 @@ _API = ("group", "init", "interrupt", "join", "run", "shutdown")
 def __getattr__(name: str) -> Any:
     # the API lives in rpcnb.session, which imports torch: load it when first asked for
     if name in _API:
+        from rpcnb import launch
+
+        launch.apply_quiet_env()  # before rpcnb.session imports torch (its C++ log level)
         from rpcnb import session
 
         return getattr(session, name)

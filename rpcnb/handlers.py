@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rpcnb import _torch, channels, leave, protocol, roster, start, telemetry, values
+from rpcnb import _torch, channels, leave, protocol, roster, serialize, start, telemetry, values
 from rpcnb.cells import call, output
 from rpcnb.cells.runner import Job
 from rpcnb.state import Session
@@ -145,5 +145,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
 
 
 def install() -> None:
-    """Answer other members' requests with ``OPERATIONS`` (idempotent)."""
+    """Answer other members' requests with ``OPERATIONS`` (idempotent), and deliver the
+    output of plain Python calls to the member that made them."""
     protocol.serve(OPERATIONS)
+    serialize.on_call(output.capture_call)

@@ -108,8 +108,8 @@ def verify(expected: str, given: Any) -> bool:
 # is unpickled (rpcnb.serialize). The protocol number changes whenever rpcnb's requests
 # or signatures do; members with another one are refused before they join torch's group.
 PROTOCOL = "1"
-SIGNATURE = b"rpcnb-sig1:"  # then 32 bytes of HMAC-SHA256, then the pickle
-SIGNATURE_BYTES = len(SIGNATURE) + 32
+SIGNATURE = b"rpcnb-sig1:"  # then the HMAC-SHA256, the sender's name, the pickle
+_MAC_END = len(SIGNATURE) + 32
 
 
 def sign_key(secret: str) -> bytes:
@@ -123,16 +123,22 @@ def key_check(secret: str) -> str:
     return hmac.new(secret.encode(), b"rpcnb-keycheck", hashlib.sha256).hexdigest()[:32]
 
 
-def sign(key: bytes, payload: bytes) -> bytes:
-    return SIGNATURE + hmac.digest(key, payload, "sha256") + payload
+def sign(key: bytes, sender: str, payload: bytes) -> bytes:
+    """``payload`` with its signature, saying who sent it (the name is signed too)."""
+    name = sender.encode()
+    head = bytes([len(name)]) + name
+    return SIGNATURE + hmac.digest(key, head + payload, "sha256") + head + payload
 
 
-def unsign(key: bytes, data: bytes) -> bytes | None:
-    """The payload of ``data`` if its signature is ``key``'s, else None."""
-    if len(data) < SIGNATURE_BYTES or not data.startswith(SIGNATURE):
+def unsign(key: bytes, data: bytes) -> tuple[str, bytes] | None:
+    """(sender, payload) of ``data`` if its signature is ``key``'s, else None."""
+    if len(data) < _MAC_END + 1 or not data.startswith(SIGNATURE):
         return None
-    mac, payload = data[len(SIGNATURE):SIGNATURE_BYTES], data[SIGNATURE_BYTES:]
-    return payload if hmac.compare_digest(mac, hmac.digest(key, payload, "sha256")) else None
+    mac, signed = data[len(SIGNATURE):_MAC_END], data[_MAC_END:]
+    if not hmac.compare_digest(mac, hmac.digest(key, signed, "sha256")):
+        return None
+    end = 1 + signed[0]
+    return signed[1:end].decode(errors="replace"), signed[end:]
 
 
 def write_connection(group_dir: Path, conn: Connection) -> Path:

@@ -27,7 +27,7 @@ import types
 from collections import ChainMap
 from typing import Any
 
-from rpcnb import rendezvous, shm, state, telemetry
+from rpcnb import notebook, rendezvous, shm, state, telemetry
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -52,11 +52,14 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     # cloudpickle's own table (code objects, cells, ...) sits under torch's.
     p = _pickler_class()(f, ChainMap(table, cloudpickle.Pickler.dispatch_table))
     with _torch.send_tables() as tensors:
-        p.dump(obj)
+        try:
+            p.dump(obj)
+        except Exception as exc:
+            raise notebook.explain(p, exc) from exc
     s = state.active()
     if s is None:
         return f.getvalue(), tensors
-    return rendezvous.sign(s.sign_key, f.getvalue()), tensors
+    return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
 
 
 _original_deserialize: Any = None  # torch's _InternalRPCPickler.deserialize
@@ -64,14 +67,32 @@ _original_deserialize: Any = None  # torch's _InternalRPCPickler.deserialize
 
 def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
     """torch's ``deserialize``, for payloads signed with the group's key only: nothing
-    from outside the group is unpickled."""
+    from outside the group is unpickled. A call of a plain Python function runs with its
+    output captured for the member that sent it (``on_call``)."""
     s = state.active()
-    if s is not None:
-        payload = rendezvous.unsign(s.sign_key, data)
-        if payload is None:
-            raise PermissionError(rendezvous.UNSIGNED)
-        data = payload
-    return _original_deserialize(data, tensor_table)
+    if s is None:
+        return _original_deserialize(data, tensor_table)
+    signed = rendezvous.unsign(s.sign_key, data)
+    if signed is None:
+        raise PermissionError(rendezvous.UNSIGNED)
+    sender, payload = signed
+    obj = _original_deserialize(payload, tensor_table)
+    if _on_call is not None and type(obj).__name__ == "PythonUDF":
+        from rpcnb import protocol  # imports torch: only here, where torch runs already
+
+        if obj.func is not protocol.entry:  # rpcnb's own requests route their output
+            obj = obj._replace(func=_on_call(obj.func, sender))
+    return obj
+
+
+_on_call: Any = None
+
+
+def on_call(wrap: Any) -> None:
+    """``wrap(func, sender)`` -> the function to run instead, for every plain Python call
+    another member makes here (rpcnb.cells.output captures its output with it)."""
+    global _on_call
+    _on_call = wrap
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
@@ -99,7 +120,7 @@ def _pickler_class() -> Any:
     if _PICKLER is None:
         import cloudpickle
 
-        class RpcPickler(cloudpickle.Pickler):  # type: ignore[misc]
+        class RpcPickler(notebook.Pickler):
             def __init__(self, file: Any, table: Any) -> None:
                 # The C pickler reads dispatch_table once, in __init__; cloudpickle's class
                 # attribute would shadow a later assignment.
@@ -150,10 +171,8 @@ def install() -> None:
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)
         # With devices set, torch finds the CUDA tensors in a Python result by pickling
-        # it: with cloudpickle too, or a result holding a notebook-defined class fails
-        import cloudpickle
-
-        _torch.replace_tensor_extractor(cloudpickle.Pickler)
+        # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
+        _torch.replace_tensor_extractor(notebook.Pickler)
         _torch.hook_calls(_record_call)
         _installed = True
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import protocol
+from rpcnb import protocol, state
 
 FLUSH_INTERVAL = 0.05  # seconds between output batches while a cell runs
 
@@ -177,6 +177,27 @@ class RoutingDisplayPublisher:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._original, attr)
+
+
+def capture_call(func: Any, sender: str) -> Any:
+    """``func`` (a plain Python function another member called here), running with its
+    output captured for ``sender`` and delivered before the call returns, so it lands in
+    the cell that made the call, and in time (output it leaves to other threads goes to
+    the process's background capture)."""
+    s = state.active()
+    if s is None:
+        return func
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        cap = Capture(None, sender, s.name, s.token)
+        router.enter(cap, process_wide=False)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            router.leave(process_wide=False)
+            cap.close()
+
+    return run
 
 
 def _flusher() -> None:

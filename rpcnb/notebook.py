@@ -1,0 +1,267 @@
+"""Notebook code behaves like a module that each process imported once.
+
+A function defined in a notebook cell (or a remote cell) lives in ``__main__``, which no
+other process can import, so rpcnb ships it by value. Where it arrives, it is rebuilt with
+that process's own notebook namespace as its globals (``sys.modules["__main__"]``: the
+kernel's user namespace, a worker's remote-cell namespace), so every function shipped to
+one process, whoever sent it, and the remote cells run there, share one set of globals,
+kept between calls.
+
+The globals a function uses travel with it, each tagged with where it was last assigned
+and how often (``(origin, version)``), and a process takes a value only when it has not
+had that assignment yet: **the notebook's latest assignment wins; a process's own changes
+persist until then.** Locks, conditions, events, semaphores, barriers, queues and
+thread-locals make sense in one process only: they arrive as fresh ones, once per
+assignment. What makes shipping cheap is cached per code object (the submodules a
+function reaches, which cloudpickle finds by scanning ``sys.modules``), and a process
+keeps the functions it rebuilt, so a function shipped again is the same object there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import socket
+import sys
+import threading
+import types
+import uuid
+import weakref
+from typing import Any
+
+import cloudpickle
+from cloudpickle import cloudpickle as _cp
+
+# Where values are assigned: this process, for good (a later process never reuses it).
+PROCESS = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+UNPICKLABLE_GLOBAL = (
+    "{func} uses the notebook global {name!r} (a {kind}), which cannot be sent to another "
+    "process: {reason}. Create it inside the function, or pass what it holds as an argument."
+)
+
+_lock = threading.RLock()
+_own: dict[str, tuple[Any, int]] = {}  # name -> (object this process assigned, version)
+_received: dict[str, tuple[tuple[str, int], Any]] = {}  # name -> (tag, object taken)
+_seen: dict[tuple[str, str], int] = {}  # (origin, name) -> latest version taken
+_keys: weakref.WeakKeyDictionary[Any, tuple[str, int]] = weakref.WeakKeyDictionary()
+_home: dict[tuple[str, int], weakref.ref[Any]] = {}  # key -> a function defined here
+_rebuilt: dict[tuple[str, int], Any] = {}  # function key -> the function rebuilt here
+_submodules: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def namespace() -> dict[str, Any]:
+    """This process's notebook namespace: what ``__main__`` is here."""
+    return sys.modules["__main__"].__dict__
+
+
+def is_notebook_function(obj: Any) -> bool:
+    """A function defined in this process's notebook (or rebuilt into it)."""
+    return type(obj) is types.FunctionType and obj.__globals__ is namespace()
+
+
+# --------------------------------------------------------------------------- sending
+
+
+def _tag(name: str, value: Any) -> tuple[str, int]:
+    """Where ``value`` (the global ``name`` here now) was assigned, and which time."""
+    with _lock:
+        got = _received.get(name)
+        if got is not None and got[1] is value:
+            return got[0]  # forwarding what we took from elsewhere
+        own = _own.get(name)
+        if own is not None and own[0] is value:
+            return (PROCESS, own[1])
+        version = own[1] + 1 if own is not None else 1
+        _own[name] = (value, version)
+        return (PROCESS, version)
+
+
+class Fresh:
+    """Stands for a process-local object (a lock, say): the receiver makes its own."""
+
+    def __init__(self, kind: str, arg: Any = None) -> None:
+        self.kind = kind
+        self.arg = arg
+
+    def make(self) -> Any:
+        if self.kind == "local":
+            return self.arg()
+        return _FRESH[self.kind][1](self.arg)
+
+
+_FRESH: dict[str, tuple[Any, Any]] = {
+    "Lock": (type(threading.Lock()), lambda _: threading.Lock()),
+    "RLock": (type(threading.RLock()), lambda _: threading.RLock()),
+    "Condition": (threading.Condition, lambda _: threading.Condition()),
+    "Event": (threading.Event, lambda _: threading.Event()),
+    "BoundedSemaphore": (threading.BoundedSemaphore, lambda n: threading.BoundedSemaphore(n)),
+    "Semaphore": (threading.Semaphore, lambda n: threading.Semaphore(n)),
+    "Barrier": (threading.Barrier, lambda n: threading.Barrier(n)),
+    "PriorityQueue": (queue.PriorityQueue, lambda n: queue.PriorityQueue(n)),
+    "LifoQueue": (queue.LifoQueue, lambda n: queue.LifoQueue(n)),
+    "Queue": (queue.Queue, lambda n: queue.Queue(n)),
+    "SimpleQueue": (queue.SimpleQueue, lambda _: queue.SimpleQueue()),
+}
+
+
+def process_local(value: Any) -> Fresh | None:
+    """A ``Fresh`` for a value that makes sense in one process only, else None."""
+    if isinstance(value, threading.local):
+        return Fresh("local", type(value))
+    for kind, (cls, _make) in _FRESH.items():  # subclasses first: BoundedSemaphore...
+        if isinstance(value, cls):
+            arg = None
+            if kind in ("Semaphore", "BoundedSemaphore"):
+                arg = getattr(value, "_initial_value", getattr(value, "_value", 1))
+            elif kind == "Barrier":
+                arg = value.parties
+            elif kind in ("Queue", "LifoQueue", "PriorityQueue"):
+                arg = value.maxsize
+            return Fresh(kind, arg)
+    return None
+
+
+def _forget_home(key: tuple[str, int]) -> Any:
+    return lambda _ref: _home.pop(key, None)
+
+
+def _function_key(func: Any) -> tuple[str, int]:
+    key = _keys.get(func)
+    if key is None:
+        key = (PROCESS, id(func))
+        with _lock:
+            _keys[func] = key
+            _home[key] = weakref.ref(func, _forget_home(key))
+    return key
+
+
+def _submodules_of(func: Any, values: list[Any]) -> list[str]:
+    """Imported submodules ``func`` reaches through a package (``torch.nn`` through
+    ``torch``): cloudpickle scans sys.modules for them, about a millisecond; once per
+    code object here."""
+    code = func.__code__
+    found = _submodules.get(code)
+    if found is None:
+        found = [m.__name__ for m in _cp._find_imported_submodules(code, values)]
+        _submodules[code] = found
+    return found
+
+
+def reduce_function(pickler: Any, func: Any) -> tuple[Any, ...]:
+    """How a notebook function travels: its code, and its globals with their tags."""
+    code = func.__code__
+    g = func.__globals__
+    items: dict[str, tuple[Any, Any]] = {}
+    modules = []
+    for name in _cp._extract_code_globals(code):
+        if name not in g:
+            continue  # a builtin, or a global the receiver defines itself
+        value = g[name]
+        if isinstance(value, types.ModuleType):
+            modules.append(value)
+            items[name] = (None, value)  # by reference: set where missing
+            continue
+        fresh = process_local(value)
+        items[name] = (_tag(name, value), fresh if fresh is not None else value)
+    closure = None
+    closure_values: tuple[Any, ...] = ()
+    if func.__closure__ is not None:
+        closure = tuple(_cp._make_empty_cell() for _ in func.__closure__)
+        closure_values = tuple(_cp._get_cell_contents(c) for c in func.__closure__)
+    pickler.rpcnb_globals.append((func, items))
+    state = {
+        "attrs": dict(func.__dict__),
+        "slots": {"__qualname__": func.__qualname__, "__annotations__": func.__annotations__,
+                  "__kwdefaults__": func.__kwdefaults__, "__defaults__": func.__defaults__,
+                  "__module__": func.__module__, "__doc__": func.__doc__},
+        "closure": closure_values,
+        "globals": items,
+        "submodules": _submodules_of(func, modules + list(closure_values)),
+    }
+    return (_make_function, (_function_key(func), code, func.__name__, closure), state, None,
+            None, _set_function_state)
+
+
+class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, with notebook functions shipped as described in the module."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rpcnb_globals: list[tuple[Any, dict[str, Any]]] = []  # for ``explain``
+
+    def _function_reduce(self, obj: Any) -> Any:
+        if is_notebook_function(obj):
+            return reduce_function(self, obj)
+        return super()._function_reduce(obj)
+
+
+def explain(pickler: Any, error: BaseException) -> BaseException:
+    """After ``error`` while pickling: which notebook global could not be sent, by which
+    function, if that is what failed (else ``error`` itself)."""
+    for func, items in getattr(pickler, "rpcnb_globals", []):
+        for name, (_, value) in items.items():
+            if isinstance(value, (types.ModuleType, Fresh)):
+                continue
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                kind = type(value).__qualname__
+                return type(error)(UNPICKLABLE_GLOBAL.format(
+                    func=func.__qualname__, name=name, kind=kind, reason=exc))
+    return error
+
+
+# --------------------------------------------------------------------------- receiving
+
+
+def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> Any:
+    """The function ``key`` bound to this process's notebook namespace: the one rebuilt
+    before when its code is the same (a function shipped again is the same object)."""
+    if key[0] == PROCESS:  # one of ours, back home
+        ref = _home.get(key)
+        home = ref() if ref is not None else None
+        if home is not None and home.__code__ == code:
+            return home
+    with _lock:
+        func = _rebuilt.get(key)
+        if func is not None and func.__code__ == code and \
+                (func.__closure__ is None) == (closure is None):
+            return func
+        ns = namespace()
+        ns.setdefault("__builtins__", __builtins__)
+        func = types.FunctionType(code, ns, name, None, closure)
+        _rebuilt[key] = func
+        _keys[func] = key
+        return func
+
+
+def _set_function_state(func: Any, state: dict[str, Any]) -> None:
+    for module in state["submodules"]:
+        importlib.import_module(module)
+    take(state["globals"])
+    func.__dict__.update(state["attrs"])
+    for slot, value in state["slots"].items():
+        setattr(func, slot, value)
+    if func.__closure__ is not None:
+        for cell, value in zip(func.__closure__, state["closure"], strict=False):
+            cell.cell_contents = value
+
+
+def take(items: dict[str, tuple[Any, Any]]) -> None:
+    """Merge shipped globals into this process's namespace by the rule in the module's
+    docstring."""
+    ns = namespace()
+    with _lock:
+        for name, (tag, value) in items.items():
+            if tag is None:  # a module
+                ns.setdefault(name, value)
+                continue
+            origin, version = tag
+            if origin == PROCESS or _seen.get((origin, name), 0) >= version:
+                continue  # our own value, or an assignment this process already took
+            _seen[(origin, name)] = version
+            obj = value.make() if isinstance(value, Fresh) else value
+            ns[name] = obj
+            _received[name] = (tag, obj)
