@@ -72,9 +72,7 @@ def roundtrip(rc: Any, calls: int, rounds: int, warmup: int,
         import torch.distributed.rpc as rpc
 
         import rpcnb
-        from bench.targets import noop
-
-        from bench.targets import uses_torch
+        from bench.targets import noop, uses_torch
 
         # the same function defined in a notebook cell: rpcnb ships it by value
         exec("import torch\ndef nb_uses_torch():\n    return torch.float32\n", ip.user_ns)
