@@ -9,8 +9,10 @@ STAMP := $(VENV)/.installed
 .PHONY: venv demo test lint clean distclean
 
 # torch is pinned: this exact version installs the CPU build from local wheels; a bare
-# `torch` (or a newer range) would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# `torch` (or a newer range) would pull a multi-GB CUDA build. The editable install also
+# copies the `rpcnb` kernelspec into $(VENV)/share/jupyter/kernels (pyproject's shared-data),
+# where the venv's jupyter finds it; a changed kernelspec reinstalls.
+$(STAMP): pyproject.toml $(wildcard kernelspec/*)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[test]'

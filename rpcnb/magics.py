@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from rpcnb import errors, options, state
+from rpcnb import errors, isolation, options, state
 
 NO_TARGET = "Name the worker(s) to run on, e.g. %%remote worker1 or %%remote worker1,worker2, or use --all."
 NO_EXPR = "Give the expression to run: %remote worker1 EXPR (or use %%remote for a whole cell)."
@@ -192,6 +192,9 @@ class RpcMagics(Magics):
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         print(group)
+        note = isolation.notice()  # once per kernel, when other users can reach the ports
+        if note:
+            print(note)
 
     @no_var_expand
     @_remote_args

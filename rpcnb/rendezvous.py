@@ -51,6 +51,11 @@ UNSIGNED = (
     "rpcnb refused a message that was not signed with the group's secret (a process "
     "outside the group, or another rpcnb version)"
 )
+OTHER_NETNS = (
+    "The group at {addr} runs in another network namespace ({theirs}; this kernel is in "
+    "{mine}), so its members cannot reach this kernel: join from a kernel of the same kind "
+    "(both on 'Python 3 (rpcnb)', or both not)."
+)
 WRONG_SECRET = (
     "The secret given for {addr} is not that group's: use the connection file or the "
     "token that %rpc_init printed on the group's first kernel."
@@ -145,7 +150,8 @@ def write_connection(group_dir: Path, conn: Connection) -> Path:
     path = group_dir / CONNECTION_FILE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"address": conn.address, "secret": conn.secret, "leader": conn.leader}, f)
+        json.dump({"address": conn.address, "secret": conn.secret, "leader": conn.leader,
+                   "netns": network_namespace()}, f)
     return path
 
 
@@ -168,7 +174,18 @@ def read_connection(where: str, token: str | None = None) -> Connection:
         raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=where)) from None
     except (OSError, ValueError) as exc:
         raise RpcnbError(f"Cannot read the connection file {str(path)!r}: {exc}.") from None
+    netns = data.get("netns", "")
+    if data["address"].startswith("file://") and netns and netns != network_namespace():
+        raise RpcnbError(OTHER_NETNS.format(addr=where, theirs=netns, mine=network_namespace()))
     return Connection(data["address"], token or data["secret"], data.get("leader", ""), path)
+
+
+def network_namespace() -> str:
+    """This process's network namespace (``net:[...]``)."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
 
 
 def check_host(host: str, allow_remote: bool) -> str:

@@ -51,10 +51,10 @@ class Output:
 class Kernel:
     """A real IPython kernel, driven as a notebook front end would drive it."""
 
-    def __init__(self) -> None:
-        env = dict(os.environ)
+    def __init__(self, kernel_name: str = "python3", env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ, **(env or {}))
         env.pop("TORCH_CPP_LOG_LEVEL", None)  # rpcnb must set it itself
-        self.km = KernelManager(kernel_name="python3")
+        self.km = KernelManager(kernel_name=kernel_name)
         self.km.start_kernel(env=env, cwd=str(Path(__file__).parent))
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
@@ -125,8 +125,8 @@ class Kernel:
 def kernel_factory():
     started: list[Kernel] = []
 
-    def make() -> Kernel:
-        k = Kernel()
+    def make(kernel_name: str = "python3", env: dict[str, str] | None = None) -> Kernel:
+        k = Kernel(kernel_name, env)
         started.append(k)
         return k
 

@@ -75,16 +75,19 @@ def test_every_request_is_refused_without_the_token(group):
 
 
 def test_an_outsider_at_a_members_port_cannot_make_it_unpickle(group, tmp_path):
-    # the route an outsider takes: its own agent, told that worker1 is at worker1's
-    # TensorPipe address, then plain torch RPC with a Python function. Without the
-    # group's secret its pickle is not signed, so worker1 refuses it before unpickling.
-    address = group.value("__import__('torch').distributed.rpc.api._get_current_rpc_agent()"
-                          ".store.get('addrs/worker1').decode()")
+    # the route an outsider takes (tests/outsider.py): its own agent, told that a member
+    # is at worker1's TensorPipe port, then plain torch RPC with a Python function. Without
+    # the group's secret its pickle is not signed, so worker1 refuses it before unpickling.
+    # (As another user, and against an isolated kernel: tests/test_isolation.py.)
+    port = int(group.value("__import__('torch').distributed.rpc.api._get_current_rpc_agent()"
+                           ".store.get('addrs/worker1').decode()").rsplit(":", 1)[1])
     marker = tmp_path / "ran"
-    proc = subprocess.run([sys.executable, str(OUTSIDER), str(tmp_path / "store"), "worker1",
-                           address, str(marker)], capture_output=True, text=True, timeout=120)
-    assert proc.stdout.startswith("REFUSED"), proc.stdout + proc.stderr[-2000:]
-    assert "not signed with the group's secret" in proc.stdout
+    proc = subprocess.run([sys.executable, str(OUTSIDER), "--ports", str(port), "--marker",
+                           str(marker), "--work", str(tmp_path), "--only-rpc"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)["rpc"][str(port)]
+    assert "not signed with the group's secret" in result, result
     assert not marker.exists()
     assert group.execute("%%remote worker1 --fetch\n'still serving'").text == "'still serving'"
 
