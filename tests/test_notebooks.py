@@ -1,4 +1,5 @@
-"""Every notebook in notebooks/ runs top to bottom in a fresh ``python3`` kernel (nbclient),
+"""Every notebook in notebooks/ runs top to bottom in a fresh kernel (nbclient), on the
+plain ``python3`` kernelspec and on the isolated ``rpcnb`` one,
 shows the result it teaches (parsed from what it printed, not just "it ran"), and leaves no
 process behind: the kernel's descendants are tracked by pid while it runs, must be gone
 after the last cell (``%rpc_shutdown``) and after the kernel, and are killed if not."""
@@ -82,11 +83,11 @@ def _wait_gone(pids: set[int], grace: float) -> list[int]:
 
 
 @functools.cache
-def run_notebook(path: Path) -> Run:
-    """Execute ``path`` once per test session (several tests read the same run)."""
+def run_notebook(path: Path, kernel: str = "python3") -> Run:
+    """Execute ``path`` once per test session and kernel (several tests read one run)."""
     run = Run(path)
     run.nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(run.nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+    client = NotebookClient(run.nb, timeout=CELL_TIMEOUT, kernel_name=kernel,
                             resources={"metadata": {"path": str(path.parent)}})
     stop = threading.Event()
 
@@ -265,9 +266,11 @@ CHECKS: dict[str, Callable[[Run], None]] = {
 # -- tests ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kernel", ["python3", "rpcnb"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_and_shows_its_result(path: Path) -> None:
-    run = run_notebook(path)
+def test_notebook_runs_and_shows_its_result(path: Path, kernel: str) -> None:
+    # on a plain kernel, and unchanged on the isolated 'rpcnb' kernel (docs/security.md)
+    run = run_notebook(path, kernel)
     try:
         assert not run.error, f"{path.name} failed:\n{run.error}"
         assert not run.left_after_last_cell, (
