@@ -79,3 +79,9 @@ docs: $(STAMP)
 GPU_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 gpu-check:
 	$(GPU_PY) scripts/gpu_check.py
+
+# The soak test with the issue's full counts (2,000 cells, 20,000 RRefs, 200 x 64 MB,
+# 200,000 lines, 50 cycles: about 10 minutes here); figures in bench/results/soak.json.
+.PHONY: soak
+soak: $(STAMP)
+	RPCNB_SOAK=full $(BIN)/python -m pytest -q -m soak -p no:cacheprovider tests/test_soak.py

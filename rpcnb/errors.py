@@ -49,6 +49,14 @@ IFACE_FIXED = (
     "TP_SOCKET_IFNAME once per process), so it cannot start a group on {wanted!r}: "
     "restart the kernel first."
 )
+NOT_SENDABLE = (
+    "A {type} cannot be sent to another process ({reason}): return something that pickles, "
+    "or keep it where it is with rpc.remote and pass the RRef."
+)
+PUSH_NOT_PICKLABLE = (
+    "--push: {name!r} (a {type}) cannot be sent to another process ({reason}): push what it "
+    "holds instead, or create it on the worker."
+)
 NOT_PICKLABLE = (
     "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
     "Leave out --fetch to keep it remote as an RRef."

@@ -70,6 +70,11 @@ def register(s: Session, name: str, rank: int, info: dict[str, Any], proof: str)
     return roster.admit(s, name, rank, info, proof)
 
 
+def shm_full(s: Session, message: str) -> None:
+    """A member found /dev/shm full: the group's one warning (on the leader)."""
+    start.report_shm_full(s, message)
+
+
 def registry(s: Session) -> list[tuple[str, int]]:
     """Who was admitted (other members' ``roster.live_names`` ask the leader)."""
     return s.admitted()
@@ -132,6 +137,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "unpark": unpark,
     "register": register,
     "registry": registry,
+    "shm_full": shm_full,
     "member_died": member_died,
     "drop_member": drop_member,
     "leave": leave_now,

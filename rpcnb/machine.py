@@ -51,6 +51,35 @@ def ib_devices() -> list[str]:
         return []
 
 
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_trimmed_at = 0.0
+
+
+def give_back_memory(min_interval: float = 1.0) -> None:
+    """Return freed heap memory to the system (glibc's malloc_trim; nothing elsewhere),
+    at most every ``min_interval`` seconds. Large strings freed by threads of their own
+    (RPC threads) stay in per-thread arenas otherwise, and the process keeps their size."""
+    import time
+
+    global _trimmed_at
+    now = time.monotonic()
+    if now - _trimmed_at < min_interval:
+        return
+    _trimmed_at = now
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def shm_free_bytes(path: str = SHM_DIR) -> int:
     """Bytes free in ``/dev/shm`` for this user (0 when it is missing)."""
     try:

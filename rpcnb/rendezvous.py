@@ -151,7 +151,8 @@ def write_connection(group_dir: Path, conn: Connection) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"address": conn.address, "secret": conn.secret, "leader": conn.leader,
-                   "netns": network_namespace()}, f)
+                   "netns": network_namespace(), "leader_pid": os.getpid(),
+                   "boot_id": _boot_id()}, f)
     return path
 
 
@@ -178,6 +179,40 @@ def read_connection(where: str, token: str | None = None) -> Connection:
     if data["address"].startswith("file://") and netns and netns != network_namespace():
         raise RpcnbError(OTHER_NETNS.format(addr=where, theirs=netns, mine=network_namespace()))
     return Connection(data["address"], token or data["secret"], data.get("leader", ""), path)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def sweep_groups() -> list[Path]:
+    """Remove the directories (with their connection files, secrets included) of this
+    user's groups whose first kernel is gone, since this machine booted; the ones
+    removed."""
+    import glob
+    import shutil
+    import tempfile
+
+    from rpcnb.launch import pid_alive
+
+    removed = []
+    for conn_file in glob.glob(os.path.join(tempfile.gettempdir(), "rpcnb-*", CONNECTION_FILE)):
+        group_dir = Path(conn_file).parent
+        try:
+            if group_dir.stat().st_uid != os.getuid():
+                continue
+            data = json.loads(Path(conn_file).read_text())
+            pid, boot = int(data["leader_pid"]), data.get("boot_id", "")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours, or an older rpcnb's: left alone
+        if boot == _boot_id() and not pid_alive(pid):
+            shutil.rmtree(group_dir, ignore_errors=True)
+            removed.append(group_dir)
+    return removed
 
 
 def network_namespace() -> str:

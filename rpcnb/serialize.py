@@ -27,7 +27,7 @@ import types
 from collections import ChainMap
 from typing import Any
 
-from rpcnb import notebook, rendezvous, shm, state, telemetry
+from rpcnb import errors, notebook, rendezvous, shm, state, telemetry
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -55,7 +55,10 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
         try:
             p.dump(obj)
         except Exception as exc:
-            raise notebook.explain(p, exc) from exc
+            err = notebook.explain(p, exc)
+            if err is exc and type(obj).__name__ != "PythonUDF":  # a result, not a call
+                err = TypeError(errors.NOT_SENDABLE.format(type=_kind(obj), reason=exc))
+            raise err from exc
     s = state.active()
     if s is None:
         return f.getvalue(), tensors
@@ -93,6 +96,12 @@ def on_call(wrap: Any) -> None:
     another member makes here (rpcnb.cells.output captures its output with it)."""
     global _on_call
     _on_call = wrap
+
+
+def _kind(obj: Any) -> str:
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") \
+        else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:

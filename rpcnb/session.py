@@ -77,6 +77,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     from rpcnb import deaths, handlers, start
 
     handlers.install()
+    rendezvous.sweep_groups()  # what killed kernels left behind, their secrets included
     secret = rendezvous.new_secret()
     group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
     s: Session | None = None

@@ -12,6 +12,12 @@ the sender's tensor.
 Tensors that need autograd, CUDA tensors, small tensors and other hosts keep TensorPipe's
 path. ``RPCNB_SHM=0`` (or ``%rpc_init --no-shm``) turns the path off.
 
+Every buffer's pages are reserved in /dev/shm when it is made (``posix_fallocate``), and
+only when /dev/shm has room for it besides a reserve: a full /dev/shm (a container's 64 MB
+default) is a tensor sent over TensorPipe instead, with one warning for the group, never
+a SIGBUS on a page that was not there. Buffers idle for ``RPCNB_SHM_IDLE_S`` seconds
+(default 30) are given back, on both sides.
+
 Buffers are files in /dev/shm named ``rpcnb-<group>-<pid>-<n>``; their creator unlinks
 them when it leaves, and the group's first kernel removes a dead member's.
 """
@@ -24,24 +30,36 @@ import glob
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rpcnb.machine import SHM_DIR, shm_free_bytes
+
 HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligned
 FREE, IN_FLIGHT = 0, 1
 DEFAULT_THRESHOLD = 1 << 20  # 1 MB
 DEFAULT_POOL_BYTES = 4 << 30  # at most this much shared memory per process
-SHM_DIR = "/dev/shm"
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _local = threading.local()
 _enabled = os.environ.get("RPCNB_SHM", "1").lower() not in ("0", "false", "no", "off")
 _threshold = int(os.environ.get("RPCNB_SHM_THRESHOLD", DEFAULT_THRESHOLD))
 _pool_limit = int(os.environ.get("RPCNB_SHM_POOL_BYTES", DEFAULT_POOL_BYTES))
+_idle = float(os.environ.get("RPCNB_SHM_IDLE_S", 30))
+RESERVE = 16 << 20  # /dev/shm left for everything else when rpcnb makes a buffer
 _group: str | None = None  # set while this process is in a single-host group
-_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "fallbacks": 0}
+_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "fallbacks": 0, "trimmed": 0}
+_on_full: Any = None  # called once per group with the reason the first time there is no room
+_full_reported = False
+
+NO_ROOM = (
+    "/dev/shm has {free} free, so a {size} tensor goes over TensorPipe instead of rpcnb's "
+    "shared memory (slower). In a container, give it more room: docker run --shm-size=2g, "
+    "or mount an emptyDir with medium: Memory at /dev/shm in Kubernetes."
+)
 
 
 @dataclass
@@ -50,6 +68,7 @@ class _Segment:
     size: int  # data bytes (without the header)
     fd: int
     mm: mmap.mmap
+    used: float = 0.0  # time.monotonic() when it was last handed out
 
     @property
     def state(self) -> int:
@@ -59,7 +78,7 @@ class _Segment:
 _pool: list[_Segment] = []
 _pool_bytes = 0
 _counter = 0
-_peer_maps: dict[str, mmap.mmap] = {}
+_peer_maps: dict[str, tuple[mmap.mmap, float]] = {}  # name -> (mapping, last used)
 
 
 def _count(key: str, n: int = 1) -> None:
@@ -83,11 +102,50 @@ def is_active() -> bool:
     return _enabled and _group is not None
 
 
-def activate(group: str) -> None:
-    """Called when this process joins a single-host group named ``group``."""
-    global _group
-    _group = group
+def activate(group: str, on_full: Any = None) -> None:
+    """Called when this process joins a single-host group named ``group``; ``on_full``
+    hears the first time there is no room in /dev/shm."""
+    global _group, _on_full, _full_reported
+    _group, _on_full, _full_reported = group, on_full, False
     sweep()
+    threading.Thread(target=_trimmer, args=(group,), name="rpcnb-shm-trim", daemon=True).start()
+
+
+def _trimmer(group: str) -> None:
+    while _group == group:
+        time.sleep(1.0)
+        trim(_idle)
+
+
+def trim(idle: float) -> int:
+    """Give back buffers (own and mapped from peers) unused for ``idle`` seconds; returns
+    how many bytes."""
+    global _pool_bytes
+    now = time.monotonic()
+    freed = 0
+    with _lock:
+        for seg in list(_pool):
+            if seg.state == FREE and now - seg.used > idle:
+                _pool.remove(seg)
+                _pool_bytes -= seg.size
+                freed += seg.size
+                _unlink(seg.name)
+                with contextlib.suppress(OSError):
+                    os.close(seg.fd)
+                with contextlib.suppress(BufferError, ValueError):
+                    seg.mm.close()
+        for name, (mm, used) in list(_peer_maps.items()):
+            if now - used > idle:
+                size = len(mm)
+                try:
+                    mm.close()  # BufferError while a tensor still uses it: kept
+                except BufferError:
+                    continue
+                del _peer_maps[name]
+                freed += size
+    if freed:
+        _count("trimmed", freed)
+    return freed
 
 
 def sweep() -> int:
@@ -127,11 +185,28 @@ def deactivate() -> None:
         _peer_maps.clear()
 
 
+def _no_room(nbytes: int, free: int) -> None:
+    global _full_reported
+    _count("fallbacks")
+    if _on_full is None or _full_reported:
+        return
+    _full_reported = True
+    # told on a thread of its own: this runs under the pool's lock, and the hook may call
+    # another member
+    threading.Thread(target=_on_full, args=(NO_ROOM.format(free=_mb(free), size=_mb(nbytes)),),
+                     name="rpcnb-shm-full", daemon=True).start()
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.0f} MB"
+
+
 def stats() -> dict[str, int]:
     """Counts: tensors sent and received this way, fallbacks, pool size, in flight."""
     with _lock:
         return dict(_stats, pool_bytes=_pool_bytes, buffers=len(_pool),
-                    in_flight=sum(seg.state == IN_FLIGHT for seg in _pool))
+                    in_flight=sum(seg.state == IN_FLIGHT for seg in _pool),
+                    mapped_bytes=sum(len(mm) for mm, _ in _peer_maps.values()))
 
 
 @contextlib.contextmanager
@@ -165,21 +240,30 @@ def _unlink(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name))
 
 
-def _new_segment(size: int) -> _Segment | None:
+def _new_segment(size: int, nbytes: int) -> _Segment | None:
+    """A buffer of ``size`` data bytes whose pages are reserved in /dev/shm now (None
+    when they cannot be: over the pool's limit, or no room)."""
     global _counter, _pool_bytes
     if _pool_bytes + size > _pool_limit:
+        return None
+    free = shm_free_bytes(SHM_DIR)
+    if HEADER + size > free - RESERVE:
+        _no_room(nbytes, free)
         return None
     _counter += 1
     name = f"rpcnb-{_group}-{os.getpid()}-{_counter}"
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, HEADER + size)
+        # Reserve every page now: tmpfs fails here with ENOSPC when it is full, instead
+        # of raising SIGBUS later at a write into a page it cannot back.
+        os.posix_fallocate(fd, 0, HEADER + size)
         # MAP_POPULATE faults every page in now, once, instead of on each send.
         mm = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     except OSError:
         os.close(fd)
         _unlink(name)
+        _no_room(nbytes, shm_free_bytes(SHM_DIR))
         return None
     _pool_bytes += size
     return _Segment(name, size, fd, mm)
@@ -195,11 +279,12 @@ def _acquire(nbytes: int) -> _Segment | None:
                     best = seg
         if best is None:
             size = 1 << max(nbytes - 1, 1).bit_length()  # next power of two
-            best = _new_segment(size)
+            best = _new_segment(size, nbytes)
             if best is None:
                 return None
             _pool.append(best)
         best.mm[0] = IN_FLIGHT
+        best.used = time.monotonic()
         return best
 
 
@@ -210,7 +295,6 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     nbytes = tensor.element_size() * tensor.nelement()
     seg = _acquire(nbytes)
     if seg is None:
-        _count("fallbacks")
         return None
     try:
         dst = torch.frombuffer(seg.mm, dtype=tensor.dtype, count=tensor.nelement(),
@@ -234,14 +318,15 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
 
 def _peer_map(name: str, total: int) -> mmap.mmap:
     with _lock:
-        mm = _peer_maps.get(name)
-        if mm is None or len(mm) != total:
+        known = _peer_maps.get(name)
+        mm = known[0] if known is not None else None
+        if mm is None or mm.closed or len(mm) != total:
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
             try:
                 mm = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
             finally:
                 os.close(fd)
-            _peer_maps[name] = mm
+        _peer_maps[name] = (mm, time.monotonic())
         return mm
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from rpcnb import (
     shm,
     state,
     telemetry,
+    view,
 )
 from rpcnb.cells.output import install_routing, shell
 from rpcnb.cells.runner import CellRunner
@@ -77,9 +79,30 @@ def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *
     _torch.note_interface(iface)
     roster.keep_rank(rank)
     if opts.get("shm", True) and opts.get("one_host", True):
-        shm.activate(s.group_id)
+        shm.activate(s.group_id, on_full=_shm_full(s))
     telemetry.clear()  # a new group: its worker1 is not the last group's worker1
     return s
+
+
+def _shm_full(s: Session) -> Any:
+    """What this member does the first time /dev/shm has no room: the leader says it (once
+    for the group, in the cell that is running)."""
+    def tell(message: str) -> None:
+        if s.is_leader:
+            report_shm_full(s, message)
+        else:
+            protocol.call_async(s.token, s.leader, "shm_full", message, timeout=5)
+
+    return tell
+
+
+def report_shm_full(s: Session, message: str) -> None:
+    """On the leader: the one warning of the group about a full /dev/shm."""
+    with s.lock:
+        if s.shm_warned:
+            return
+        s.shm_warned = True
+    print(f"rpcnb: {message}", file=sys.stderr)
 
 
 def self_info(s: Session) -> dict[str, Any]:
@@ -95,6 +118,7 @@ def self_info(s: Session) -> dict[str, Any]:
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "") if runner and runner.on_main else "",
         "cells": runner.cells_run if runner is not None else 0,
         "torch": torch.__version__,
+        "memory": view.memory_info(),
     }
 
 

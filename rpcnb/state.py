@@ -36,6 +36,7 @@ class Member:
     how: str = ""  # how it died or left, or why it does not answer
     calls: int = 0
     recent_ms: float | None = None
+    memory: dict[str, int] = field(default_factory=dict)  # rss, shm (bytes)
 
 
 @dataclass
@@ -55,7 +56,8 @@ class Group:
 
     def table(self) -> str:
         """The members as a plain-text table."""
-        rows = [("name", "rank", "host", "pid", "kind", "devices", "alive", "calls", "recent")]
+        rows = [("name", "rank", "host", "pid", "kind", "devices", "alive", "calls", "recent",
+                 "memory")]
         for m in self.members:
             rows.append((
                 m.name + (" (this kernel)" if m.name == self.me else ""),
@@ -64,6 +66,7 @@ class Group:
                 "yes" if m.alive else f"no: {m.how}",
                 str(m.calls),
                 "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",
+                _memory(m.memory),
             ))
         return text.table(rows)
 
@@ -77,6 +80,15 @@ class Group:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
+
+
+def _memory(memory: dict[str, int]) -> str:
+    if not memory:
+        return "-"
+    text = f"{memory.get('rss', 0) / (1 << 20):.0f} MB"
+    if memory.get("shm"):
+        text += f" (shm {memory['shm'] / (1 << 20):.0f} MB)"
+    return text
 
 
 class Session:
@@ -107,6 +119,7 @@ class Session:
         self.facts: dict[str, dict[str, Any]] = {}  # name -> channel facts it reported
         self.parked: dict[str, Any] = {}  # values waiting to be wrapped in an RRef
         self.closing = False
+        self.shm_warned = False  # the group's one warning about a full /dev/shm was given
         self.watcher: threading.Thread | None = None
         # environment variables this group changed, with the values to put back
         self.restore_env: dict[str, str | None] = {}

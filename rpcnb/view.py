@@ -7,8 +7,15 @@ import os
 import socket
 import time
 
-from rpcnb import _torch, machine, protocol, roster, state, telemetry
+from rpcnb import _torch, machine, protocol, roster, shm, state, telemetry
 from rpcnb.state import Group, Member
+
+
+def memory_info() -> dict[str, int]:
+    """This process's resident memory and the shared memory it holds (its pool and the
+    buffers of others it maps), as %rpc_workers shows it."""
+    st = shm.stats()
+    return {"rss": machine.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"]}
 
 
 def group(refresh: bool = True) -> Group:
@@ -41,12 +48,14 @@ def group(refresh: bool = True) -> Group:
             m = s.members.setdefault(name, Member(name, infos[name]))
             m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
             m.gpus = info.get("gpus", "")
+            m.memory = info.get("memory", {})
             m.alive, m.how = True, ""  # it answers (again)
     rows = []
     with s.lock:
         if s.name not in s.members:
             s.members[s.name] = Member(s.name, s.rank, socket.gethostname(), os.getpid(),
                                        "kernel", machine.cuda_devices())
+        s.members[s.name].memory = memory_info()
         for name in set(infos) | set(s.dead):
             m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
             if name in s.dead:

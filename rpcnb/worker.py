@@ -11,6 +11,7 @@ kernel that started it and ends the process when that kernel is gone.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -22,14 +23,17 @@ from rpcnb.cells import output
 from rpcnb.cells.runner import CellRunner
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, init_method: str) -> None:
     """A worker process never outlives the kernel that started it."""
     while True:
         time.sleep(0.5)
         if os.getppid() != parent_pid:
-            # The kernel died: take its shared memory with ours, nobody else will.
+            # The kernel died: take its shared memory and its group's directory (the
+            # connection file holds the secret) with ours, nobody else will.
             shm.deactivate()
             shm.remove_segments_of(parent_pid)
+            if init_method.startswith("file://"):
+                shutil.rmtree(os.path.dirname(init_method[len("file://"):]), ignore_errors=True)
             os._exit(3)
 
 
@@ -46,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--options", default="{}", help="JSON of TensorPipe options")
     args = ap.parse_args(argv)
 
-    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(args.parent_pid, args.init_method),
+                     daemon=True).start()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     handlers.install()
 

@@ -406,12 +406,46 @@ def test_python_api_from_a_script(tmp_path):
 
 def test_workers_exit_when_the_kernel_dies(group):
     pids = worker_pids(group)
+    group_dir = Path(group.value("str(__import__('rpcnb.state').state.current().group_dir)"))
+    assert (group_dir / "connection.json").exists()
     os.kill(group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(
             pid_alive(pids[n]) for n in ("worker1", "worker2")):
         time.sleep(0.1)
     assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
+    # the group's directory, with the secret in its connection file, went with them
+    assert not group_dir.exists()
+
+
+def test_init_sweeps_the_directories_of_dead_groups(kernel, tmp_path):
+    import json
+    import subprocess
+    import tempfile
+
+    # a group directory whose first kernel is gone (killed before its workers could clean
+    # up), and one of a kernel still running: the next %rpc_init removes only the first
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    made = {}
+    for tag, pid in (("dead", gone.pid), ("alive", os.getpid())):
+        d = Path(tempfile.mkdtemp(prefix="rpcnb-"))
+        (d / "connection.json").write_text(json.dumps({
+            "address": f"file://{d}/store", "secret": "0" * 32, "leader": "worker0",
+            "leader_pid": pid, "boot_id": boot}))
+        made[tag] = d
+    try:
+        kernel.execute("%load_ext rpcnb")
+        kernel.execute("%rpc_init --workers 1")
+        assert not made["dead"].exists()
+        assert made["alive"].exists()
+        kernel.execute("%rpc_shutdown")
+    finally:
+        import shutil
+
+        for d in made.values():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_worker_exiting_inside_a_cell_then_shutdown_and_init(group):

@@ -173,3 +173,66 @@ def test_every_member_answers_right_after_init_30_times(kernel):
         assert all(" yes " in row for row in rows), (cycle, table)
         assert "not answering" not in table, (cycle, table)
         kernel.execute("%rpc_shutdown")
+
+
+def test_awkward_exceptions_and_results_leave_the_worker_alive(group):
+    group.execute("%%remote worker1\nkeep = 'kept'")
+    # a cell raising an exception whose __str__ raises (it aborted the worker)
+    out = group.execute("%%remote worker1\nclass Odd(Exception):\n"
+                        "    def __str__(self):\n        raise ValueError('no')\nraise Odd()",
+                        allow_error=True)
+    assert "Odd on worker1" in out.traceback and "Odd: <exception str() failed>" in out.traceback
+    assert group.execute("%%remote worker1 --fetch\nkeep").text == "'kept'"
+    # plain calls raising what torch cannot report, or returning what cannot be pickled
+    out = group.execute(
+        "import threading, torch.distributed.rpc as rpc\n"
+        "class Bad(Exception):\n"
+        "    def __str__(self):\n        raise ValueError('no str')\n"
+        "    def __repr__(self):\n        raise ValueError('no repr')\n"
+        "class Locked(Exception):\n"
+        "    def __init__(self):\n        super().__init__('locked')\n"
+        "        self.lock = threading.Lock()\n"
+        "def raise_bad():\n    raise Bad()\n"
+        "def raise_locked():\n    raise Locked()\n"
+        "def gen():\n    return (i for i in range(3))\n"
+        "def lock():\n    return threading.Lock()\n"
+        "for f in (raise_bad, raise_locked, gen, lock):\n"
+        "    try:\n        rpc.rpc_sync('worker1', f)\n"
+        "    except Exception as e:\n        print(f.__name__, '|', str(e).splitlines()[0:3])\n")
+    lines = dict(ln.split(" | ", 1) for ln in out.stdout.splitlines())
+    assert "raise_bad raised Bad on worker1, which cannot be sent back" in lines["raise_bad"]
+    assert "raise_locked raised Locked on worker1" in lines["raise_locked"]
+    assert "A generator cannot be sent to another process" in lines["gen"]
+    assert "A _thread.lock cannot be sent to another process" in lines["lock"]
+    assert group.execute("%%remote worker1 --fetch\nkeep").text == "'kept'"
+    assert group.execute("%%remote worker2 --fetch\n'fine'").text == "'fine'"
+
+
+def test_push_of_a_value_that_cannot_be_sent_names_it(group):
+    group.execute("import threading\nlock = threading.Lock()\nx = 1")
+    out = group.execute("%%remote worker1 --push x,lock\nx", allow_error=True)
+    assert out.traceback.startswith("UsageError: --push: 'lock' (a lock) cannot be sent")
+    assert group.execute("%%remote worker1 --push x --fetch\nx + 1").text == "2"
+
+
+def test_many_short_threads_calling_run_do_not_pile_up_descriptors(group):
+    out = group.execute(
+        "import os, threading, rpcnb\n"
+        "def fds():\n    return len(os.listdir('/proc/self/fd'))\n"
+        "rpcnb.run('worker1', 'None')\n"
+        "before = fds()\n"
+        "for _ in range(300):\n"
+        "    t = threading.Thread(target=rpcnb.run, args=('worker1', 'None'))\n"
+        "    t.start()\n    t.join()\n"
+        "print(fds() - before)", timeout=180)
+    assert int(out.stdout.strip()) < 30
+
+
+def test_a_thread_left_by_an_earlier_cell_prints_to_the_background(group):
+    group.execute("%%remote worker1\nimport threading, time\n"
+                  "def later():\n    time.sleep(0.8)\n    print('from an old thread')\n"
+                  "threading.Thread(target=later).start()")
+    out = group.execute("%%remote worker1\nimport time\nprint('mine')\ntime.sleep(1.5)\n"
+                        "print('mine too')")
+    assert "mine\nmine too\n" in out.stdout.replace("[worker1] from an old thread\n", "")
+    assert "from an old thread" not in out.stdout.replace("[worker1] from an old thread", "")

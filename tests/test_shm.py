@@ -6,7 +6,9 @@ The test process itself is worker0 here (the Python API), with real worker proce
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -218,3 +220,78 @@ def test_no_buffers_left_after_the_kernel_dies(group):
     os.kill(group.pid, signal.SIGKILL)
     assert wait_for(lambda: not any(pid_alive(pids[n]) for n in ("worker1", "worker2")), 15)
     assert shm.leftovers(gid) == []
+
+
+SMALL_SHM = """
+import rpcnb, torch
+rpcnb.init(2)
+MB = 1 << 20
+for mb in (16, 48, 100):
+    t = torch.full((mb * MB // 4,), float(mb))
+    got = rpcnb.run("worker1", "t.sum().item()", push={"t": t}, fetch=True)  # --push
+    assert got == float(mb) * t.numel(), (mb, got)
+    back = rpcnb.run("worker2", f"import torch\\ntorch.full(({mb * MB // 4},), {mb}.0)",
+                     fetch=True)  # --fetch
+    assert torch.equal(back, t)
+    r = rpcnb.run("worker1", f"import torch\\ntorch.full(({mb * MB // 4},), {mb}.0)")
+    assert torch.equal(r.to_here(), t)  # to_here() of rpcnb's result
+    print("ok", mb, flush=True)
+rpcnb.shutdown()
+print("done", flush=True)
+"""
+
+
+def test_a_small_dev_shm_falls_back_with_one_warning(tmp_path):
+    # Docker's default /dev/shm is 64 MB: buffers whose pages cannot be reserved are never
+    # made (no SIGBUS on a page tmpfs cannot back); the tensors go over TensorPipe, and the
+    # group says so once
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):
+        pytest.skip("a private 64 MB /dev/shm needs root, unshare and mount (a mount namespace)")
+    script = tmp_path / "small_shm.py"
+    script.write_text(SMALL_SHM)
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+           f"mount -t tmpfs -o size=64M tmpfs /dev/shm && exec {sys.executable} {script}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
+    seen: set[int] = {proc.pid}
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen.update(children_of(proc.pid))
+            time.sleep(0.2)
+        output = proc.communicate(timeout=10)[0]
+    finally:
+        seen.update(children_of(proc.pid))
+        kill_all(sorted(p for p in seen if pid_alive(p)))
+    assert proc.returncode == 0, output[-4000:]
+    assert [ln for ln in output.splitlines() if ln.startswith("ok")] == ["ok 16", "ok 48", "ok 100"]
+    warnings = [ln for ln in output.splitlines() if "goes over TensorPipe instead" in ln]
+    assert len(warnings) == 1, output[-4000:]
+    assert "--shm-size" in warnings[0]
+    assert output.rstrip().endswith("done")
+
+
+def test_idle_buffers_are_given_back(monkeypatch):
+    # RPCNB_SHM_IDLE_S: a buffer nobody used for that long is unlinked by its owner and
+    # unmapped by the members that mapped it, so an idle group holds no /dev/shm
+    monkeypatch.setenv("RPCNB_SHM_IDLE_S", "1")  # the workers read it at start
+    monkeypatch.setattr(shm, "_idle", 1.0)
+    seen: set[int] = set()
+    rpcnb.init(1)
+    try:
+        seen.update(children_of(os.getpid()))
+        from rpcnb import state
+
+        group = state.current().group_id
+        assert rpc.rpc_sync("worker1", keep, args=(torch.ones(4 * MB),)) == 4 * MB
+        assert shm.stats()["pool_bytes"] >= 4 * MB and shm.leftovers(group)
+        rpc.rpc_sync("worker1", drop_kept)  # the worker lets go of the tensor
+        assert wait_for(lambda: shm.stats()["pool_bytes"] == 0, timeout=10)
+        assert wait_for(lambda: rpc.rpc_sync("worker1", stats)["mapped_bytes"] == 0, timeout=10)
+        assert shm.leftovers(group) == []
+        # and the path still works afterwards
+        assert rpc.rpc_sync("worker1", keep, args=(torch.ones(4 * MB),)) == 4 * MB
+    finally:
+        seen.update(children_of(os.getpid()))
+        rpcnb.shutdown()
+        kill_all(sorted(p for p in seen if pid_alive(p)))

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, protocol, roster, state, telemetry
-from rpcnb.cells.output import Printer
+from rpcnb import errors, machine, protocol, roster, state, telemetry
+from rpcnb.cells.output import Printer, large
 from rpcnb.errors import RemoteError, WorkerDiedError
 from rpcnb.state import Session
 
@@ -70,9 +70,12 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             with s.lock:
                 s.calls[call.call_id] = call
             calls[call.call_id] = call
-            call.future = protocol.call_async(
-                s.token, name, "run_cell", call.call_id, s.name, source, fetch,
-                dict(push or {}), timeout=0)
+            try:
+                call.future = protocol.call_async(
+                    s.token, name, "run_cell", call.call_id, s.name, source, fetch,
+                    dict(push or {}), timeout=0)
+            except Exception as exc:  # it could not be pickled: nothing was sent
+                raise _push_error(push or {}, exc) from exc
             call.future.add_done_callback(
                 lambda _f, cid=call.call_id: inbox.put(("__done__", cid, -1, [])))
         _wait(s, calls, inbox, timeout, prefix=many)
@@ -99,6 +102,20 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     return results[names[0]]
 
 
+def _push_error(push: dict[str, Any], exc: Exception) -> Exception:
+    """ValueError naming the --push value that cannot be sent, if that is what failed."""
+    from rpcnb import _torch, shm
+
+    for name, value in push.items():
+        try:
+            with shm.suppressed():  # a dry run: no buffer taken
+                _torch.rpc_pickler().serialize(value)
+        except Exception as err:
+            return ValueError(errors.PUSH_NOT_PICKLABLE.format(
+                name=name, type=type(value).__qualname__, reason=err))
+    return exc
+
+
 def deliver(s: Session, call_id: str, worker: str, seq: int, items: list[Any]) -> None:
     """A batch of a remote cell's output arrived: hand it to the call that waits for it."""
     with s.lock:
@@ -123,8 +140,10 @@ def _wait(s: Session, calls: dict[str, Call], inbox: queue.Queue[Any],
             return
         call.held[seq] = items
         while call.next_seq in call.held:
-            printer.items(wname, call.held.pop(call.next_seq))
+            batch = call.held.pop(call.next_seq)
+            printer.items(wname, batch)
             call.next_seq += 1
+            printer.large = printer.large or large(batch)
 
     def drain() -> None:
         # Every batch was delivered before its cell's result was sent, so it is in the
@@ -179,6 +198,8 @@ def _wait(s: Session, calls: dict[str, Call], inbox: queue.Queue[Any],
                 interrupt_all()
     finally:
         printer.finish()
+        if printer.large:  # printed and flushed: give the memory back (docs: load)
+            machine.give_back_memory(min_interval=0)
     if isinstance(reason, KeyboardInterrupt):
         raise KeyboardInterrupt
     if isinstance(reason, TimeoutError):

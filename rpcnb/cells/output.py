@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import protocol, state
+from rpcnb import machine, protocol, state
 
 FLUSH_INTERVAL = 0.05  # seconds between output batches while a cell runs
 
@@ -35,6 +35,7 @@ class Capture:
         self._items: list[tuple[Any, ...]] = []
         self._seq = 0
         self._futures: list[Any] = []
+        self.large = False  # a batch was large: memory to give back once delivered
 
     def write(self, stream: str, text: str) -> None:
         if not text:
@@ -64,6 +65,7 @@ class Capture:
             return  # the caller is gone; nobody is left to show this output
         with self._lock:
             self._futures.append(fut)
+            self.large = self.large or large(items)
 
     def close(self, timeout: float = 10.0) -> int:
         """Send what is left, wait until the caller has it; returns the batch count."""
@@ -72,7 +74,18 @@ class Capture:
         for fut in self._futures:
             while not fut.done() and time.monotonic() < deadline:
                 time.sleep(0.001)
+        self._futures.clear()
+        if self.large:
+            machine.give_back_memory(min_interval=0)
         return self._seq
+
+
+LARGE_OUTPUT = 1 << 20  # characters in one batch, after which freed memory is given back
+
+
+def large(items: list[Any]) -> bool:
+    """Whether a batch of output is large enough to give the memory back afterwards."""
+    return sum(len(p) for k, p in items if k in ("stdout", "stderr")) >= LARGE_OUTPUT
 
 
 class _Router:
@@ -83,6 +96,7 @@ class _Router:
         self.lock = threading.Lock()
         self.active: dict[int, Capture] = {}  # thread id -> capture, for the flusher
         self.process: Capture | None = None  # in a worker process: the running cell's
+        self.before: set[threading.Thread] = set()  # threads that existed when it began
         self.background: Capture | None = None  # in a worker process: outside any cell
         self.installed = False
 
@@ -90,7 +104,12 @@ class _Router:
         cap = getattr(self.local, "capture", None)
         if cap is not None:
             return cap
-        return self.process or self.background
+        # the running cell gets the output of the threads it started, not of threads
+        # older than it (a thread an earlier cell left running prints to the background)
+        process = self.process
+        if process is not None and threading.current_thread() not in self.before:
+            return process
+        return self.background
 
     def enter(self, cap: Capture, process_wide: bool) -> None:
         """The calling thread runs the cell ``cap`` captures (the whole process does,
@@ -99,6 +118,7 @@ class _Router:
         with self.lock:
             self.active[threading.get_ident()] = cap
             if process_wide:
+                self.before = set(threading.enumerate())
                 self.process = cap
 
     def leave(self, process_wide: bool) -> None:
@@ -193,11 +213,38 @@ def capture_call(func: Any, sender: str) -> Any:
         router.enter(cap, process_wide=False)
         try:
             return func(*args, **kwargs)
+        except Exception as exc:
+            raise sendable(exc, func, s.name) from None
         finally:
             router.leave(process_wide=False)
             cap.close()
 
     return run
+
+
+AWKWARD_EXCEPTION = (
+    "{func} raised {type} on {where}, which cannot be sent back as it is ({why}); its "
+    "traceback there:\n{tb}"
+)
+
+
+def sendable(exc: Exception, func: Any, where: str) -> Exception:
+    """``exc``, or, when torch could not report it (its ``__str__`` or ``__repr__`` raises,
+    or it does not pickle, which aborted the process), a RuntimeError that says what it was."""
+    import traceback
+
+    import cloudpickle
+
+    try:
+        repr(exc)
+        str(exc)
+        cloudpickle.dumps(exc)
+        return exc
+    except Exception as err:
+        te = traceback.TracebackException.from_exception(exc)  # formats a bad str safely
+        return RuntimeError(AWKWARD_EXCEPTION.format(
+            func=getattr(func, "__qualname__", repr(func)), type=type(exc).__qualname__,
+            where=where, why=f"{type(err).__name__}: {err}", tb="".join(te.format()).rstrip()))
 
 
 def _flusher() -> None:
@@ -234,8 +281,11 @@ class Printer:
     def __init__(self, prefix: bool) -> None:
         self.prefix = prefix
         self.partial: dict[tuple[str, str], str] = {}
+        self.wrote = False
+        self.large = False  # a large batch went through: give memory back at the end
 
     def stream(self, worker: str, name: str, text: str) -> None:
+        self.wrote = True
         out = sys.stdout if name == "stdout" else sys.stderr
         if not self.prefix:
             out.write(text)
@@ -248,6 +298,7 @@ class Printer:
             out.write("".join(f"[{worker}] {line}\n" for line in lines))
 
     def display(self, kind: str, payload: dict[str, Any]) -> None:
+        self.wrote = True
         try:
             from IPython.display import clear_output, publish_display_data
         except ImportError:  # pragma: no cover
@@ -276,7 +327,12 @@ class Printer:
             if rest:
                 out = sys.stdout if name == "stdout" else sys.stderr
                 out.write(f"[{worker}] {rest}\n")
+                self.wrote = True
         self.partial.clear()
+        if not self.wrote:
+            # ipykernel gives every thread that flushes a socket of its own (closed 10 s
+            # after the thread ends): many short threads calling rpcnb.run would pile them up
+            return
         try:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -139,7 +139,7 @@ class CellRunner:
                 with self._lock:
                     self._current = None
         except BaseException as exc:  # KeyboardInterrupt included: the worker lives on
-            result = CellResult(self.name, False, ename=type(exc).__name__, evalue=str(exc),
+            result = CellResult(self.name, False, ename=type(exc).__name__, evalue=safe_str(exc),
                                 traceback=format_exception(exc, job.filename))
         finally:
             router.leave(process_wide=self.on_main)
@@ -204,6 +204,14 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
     if last is None:
         return None, False
     return eval(compile(last, filename, "eval"), ns), True
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said of it when its ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"<its message cannot be shown: {type(err).__name__} in {type(exc).__name__}.__str__>"
 
 
 def format_exception(exc: BaseException, filename: str) -> str:
