@@ -180,6 +180,12 @@ def pickler_table(obj: Any) -> dict[Any, Any]:
     return table
 
 
+def reducers_key() -> tuple[int, int]:
+    """Changes when torch's RPC pickler's reducers do (``_register_reducer``)."""
+    p = rpc_pickler()
+    return (len(p._dispatch_table), len(p._class_reducer_dict))
+
+
 def tensor_reducer() -> Callable[[Any], Any]:
     """torch's reducer that puts a tensor into the RPC message's tensor table."""
     return rpc_pickler()._tensor_reducer  # type: ignore[no-any-return]
@@ -256,17 +262,20 @@ _hooked = threading.Lock()
 _hook_installed = False
 
 
-def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any]], Any]) -> None:
+def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any]], Any]
+               ) -> dict[Any, tuple[str, str]]:
     """Call ``on_call(to, func, args, kwargs, send)`` around every rpc_sync, rpc_async and
     remote this process makes: ``send()`` makes the call and returns its future (or RRef).
 
     ``api._invoke_rpc`` (behind rpc_sync and rpc_async) and ``api.remote`` are replaced by
     wrappers that carry torch's own module and name (functools.wraps), so code that
-    imported ``remote`` by name still pickles it by reference, as torch's own."""
+    imported ``remote`` by name still pickles it by reference, as torch's own. Returns the
+    functions replaced, with where they were (code that imported one before the hook
+    holds the original: it must travel by that name too)."""
     global _hook_installed
     with _hooked:
         if _hook_installed:
-            return
+            return {}
         original_invoke = api._invoke_rpc
         original_remote = api.remote
 
@@ -286,6 +295,8 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any]], Any]) 
         api.remote = remote
         rpc.remote = remote  # the package re-exports api's names
         _hook_installed = True
+        return {original_invoke: (api.__name__, "_invoke_rpc"),
+                original_remote: (api.__name__, "remote")}
 
 
 def rref_future(rref: Any) -> Any:

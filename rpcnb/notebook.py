@@ -20,6 +20,7 @@ keeps the functions it rebuilt, so a function shipped again is the same object t
 from __future__ import annotations
 
 import importlib
+import marshal
 import os
 import queue
 import socket
@@ -127,6 +128,40 @@ def _forget_home(key: tuple[str, int]) -> Any:
     return lambda _ref: _home.pop(key, None)
 
 
+class _CodeRef:
+    """A code object on its way: marshalled once per code object here, and turned back
+    into a code object once per distinct marshal there (both sides keep them)."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: Any) -> None:
+        self.code = code
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        data = _marshalled.get(id(self.code))
+        if data is None or data[0] is not self.code:
+            data = (self.code, marshal.dumps(self.code))
+            if len(_marshalled) > 10_000:
+                _marshalled.clear()
+            _marshalled[id(self.code)] = data
+            _loaded[data[1]] = self.code  # coming back here, it is this very code object
+        return (_load_code, (data[1],))
+
+
+_marshalled: dict[int, tuple[Any, bytes]] = {}
+_loaded: dict[bytes, Any] = {}
+
+
+def _load_code(data: bytes) -> Any:
+    code = _loaded.get(data)
+    if code is None:
+        code = marshal.loads(data)
+        if len(_loaded) > 10_000:
+            _loaded.clear()
+        _loaded[data] = code
+    return code
+
+
 def _function_key(func: Any) -> tuple[str, int]:
     key = _keys.get(func)
     if key is None:
@@ -180,8 +215,23 @@ def reduce_function(pickler: Any, func: Any) -> tuple[Any, ...]:
         "globals": items,
         "submodules": _submodules_of(func, modules + list(closure_values)),
     }
-    return (_make_function, (_function_key(func), code, func.__name__, closure), state, None,
-            None, _set_function_state)
+    return (_make_function, (_function_key(func), _CodeRef(code), func.__name__, closure),
+            state, None, None, _set_function_state)
+
+
+# Functions rpcnb replaced in a library (torch's rpc.remote, hooked for telemetry), with
+# the module and name they are found under: code that imported one before it was replaced
+# holds the original, which must still travel by that name, not by value.
+REPLACED: dict[Any, tuple[str, str]] = {}
+
+
+# classes and functions cloudpickle found it can send by reference (kept alive here, so
+# their ids stay theirs)
+_BY_REFERENCE: dict[int, Any] = {}
+
+
+def _attribute(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
 
 
 class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
@@ -191,9 +241,26 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.rpcnb_globals: list[tuple[Any, dict[str, Any]]] = []  # for ``explain``
 
+    def reducer_override(self, obj: Any) -> Any:
+        # cloudpickle decides for every class and function whether it can go by reference
+        # (module and name lookups, tens of microseconds a message); the answer is kept
+        known = _BY_REFERENCE.get(id(obj))
+        if known is obj:
+            return NotImplemented
+        reduced = super().reducer_override(obj)
+        if reduced is NotImplemented and (type(obj) is types.FunctionType
+                                          or isinstance(obj, type)):
+            if len(_BY_REFERENCE) > 100_000:
+                _BY_REFERENCE.clear()
+            _BY_REFERENCE[id(obj)] = obj
+        return reduced
+
     def _function_reduce(self, obj: Any) -> Any:
         if is_notebook_function(obj):
             return reduce_function(self, obj)
+        where = REPLACED.get(obj)
+        if where is not None:
+            return (_attribute, where)
         return super()._function_reduce(obj)
 
 
@@ -222,7 +289,7 @@ def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> 
     if key[0] == PROCESS:  # one of ours, back home
         ref = _home.get(key)
         home = ref() if ref is not None else None
-        if home is not None and home.__code__ == code:
+        if home is not None and home.__code__ is code:
             return home
     with _lock:
         func = _rebuilt.get(key)
@@ -238,6 +305,8 @@ def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> 
 
 
 def _set_function_state(func: Any, state: dict[str, Any]) -> None:
+    if _keys.get(func, ("",))[0] == PROCESS:
+        return  # one of ours, back home: it is as it was (its globals are ours)
     for module in state["submodules"]:
         importlib.import_module(module)
     take(state["globals"])

@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import types
-from collections import ChainMap
 from typing import Any
 
 from rpcnb import errors, notebook, rendezvous, shm, state, telemetry
@@ -38,19 +37,11 @@ _installed = False
 
 def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     """torch's ``_InternalRPCPickler.serialize``, with cloudpickle's by-value reducers."""
-    import cloudpickle
-    import torch
 
     from rpcnb import _torch
 
     f = io.BytesIO()
-    table = _torch.pickler_table(obj)
-    # torch's reducers return classmethods, which cloudpickle would ship by value
-    # (with the thread-local tensor tables in their globals); pickle them by name.
-    table[types.MethodType] = _reduce_method
-    table[torch.Tensor] = functools.partial(_reduce_tensor, _torch.tensor_reducer())
-    # cloudpickle's own table (code objects, cells, ...) sits under torch's.
-    p = _pickler_class()(f, ChainMap(table, cloudpickle.Pickler.dispatch_table))
+    p = _pickler_class()(f, _dispatch_table(obj))
     with _torch.send_tables() as tensors:
         try:
             p.dump(obj)
@@ -96,6 +87,34 @@ def on_call(wrap: Any) -> None:
     another member makes here (rpcnb.cells.output captures its output with it)."""
     global _on_call
     _on_call = wrap
+
+
+_table: tuple[Any, dict[Any, Any]] | None = None  # (what it was built from, the table)
+
+
+def _dispatch_table(obj: Any) -> dict[Any, Any]:
+    """One plain dict (the C pickler looks every object's type up in it): cloudpickle's
+    reducers under torch's, with tensors to the RPC tensor table or rpcnb's shared memory.
+    Built once, again only when torch's registered reducers change (or for a
+    ScriptModule, which gets a reducer of its own)."""
+    global _table
+    import cloudpickle
+    import torch
+
+    from rpcnb import _torch
+
+    key = _torch.reducers_key()
+    if _table is not None and _table[0] == key and not isinstance(obj, torch.jit.ScriptModule):
+        return _table[1]
+    table = dict(cloudpickle.Pickler.dispatch_table)
+    table.update(_torch.pickler_table(obj))
+    # torch's reducers return classmethods, which cloudpickle would ship by value
+    # (with the thread-local tensor tables in their globals); pickle them by name.
+    table[types.MethodType] = _reduce_method
+    table[torch.Tensor] = functools.partial(_reduce_tensor, _torch.tensor_reducer())
+    if not isinstance(obj, torch.jit.ScriptModule):
+        _table = (key, table)
+    return table
 
 
 def _kind(obj: Any) -> str:
@@ -182,7 +201,7 @@ def install() -> None:
         # With devices set, torch finds the CUDA tensors in a Python result by pickling
         # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
         _torch.replace_tensor_extractor(notebook.Pickler)
-        _torch.hook_calls(_record_call)
+        notebook.REPLACED.update(_torch.hook_calls(_record_call))
         _installed = True
 
 

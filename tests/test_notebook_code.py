@@ -138,3 +138,16 @@ def test_output_of_a_called_function_lands_in_the_calling_cell(group):
     assert out.finished - first > 1.0, "the output arrived only when the call returned"
     assert out.stdout == "[worker1] first\n[worker1] last\n"
     assert group.execute("pass").stdout == ""
+
+
+def test_names_imported_before_rpcnb_hooked_torch_still_travel_by_reference(kernel):
+    # `from torch.distributed.rpc import remote` before %load_ext binds torch's original
+    # function, which rpcnb then replaced with its recording wrapper: shipping a class that
+    # calls it must send it by name, not by value (its globals do not survive the trip)
+    kernel.execute("import torch\nfrom torch.distributed.rpc import remote, rpc_sync")
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2")
+    kernel.execute("class Box:\n    def __init__(self, n):\n        self.n = n\n"
+                   "def via_remote(n):\n    return remote('worker2', Box, args=(n,)).to_here().n\n")
+    assert kernel.value("rpc_sync('worker1', via_remote, args=(5,))") == 5
+    kernel.execute("%rpc_shutdown")

@@ -104,6 +104,11 @@ class _Router:
         cap = getattr(self.local, "capture", None)
         if cap is not None:
             return cap
+        pending = getattr(self.local, "pending", None)
+        if pending is not None:  # a plain call another member made: its first write
+            cap = Capture(None, *pending)
+            self.enter(cap, process_wide=False)
+            return cap
         # the running cell gets the output of the threads it started, not of threads
         # older than it (a thread an earlier cell left running prints to the background)
         process = self.process
@@ -209,15 +214,18 @@ def capture_call(func: Any, sender: str) -> Any:
         return func
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        cap = Capture(None, sender, s.name, s.token)
-        router.enter(cap, process_wide=False)
+        # the capture is made at the first write: most calls print nothing
+        router.local.pending = (sender, s.name, s.token)
         try:
             return func(*args, **kwargs)
         except Exception as exc:
             raise sendable(exc, func, s.name) from None
         finally:
-            router.leave(process_wide=False)
-            cap.close()
+            router.local.pending = None
+            cap = getattr(router.local, "capture", None)
+            if cap is not None:
+                router.leave(process_wide=False)
+                cap.close()
 
     return run
 
