@@ -1,0 +1,232 @@
+"""Plain torch RPC programs, pasted into a notebook, give their script's results.
+
+Each program in ``tests/programs/`` is an ordinary torch RPC script: its definitions at
+module level, then, below ``MARKER``, a launcher that runs it under ``mp.spawn`` +
+``rpc.init_rpc`` (``tests/programs/launch.py``). A test runs the script in its own
+processes, then pastes the definitions into a real kernel that ran ``%load_ext rpcnb``
+and ``%rpc_init --workers N``, calls the same driver ``run(WORLD_SIZE)`` in a cell, and
+compares the two results number for number (allclose for floats). It also compares what
+the program printed: the script's terminal against the driver cell's output.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Kernel, children_of, kill_all, pid_alive
+
+PROGRAMS = Path(__file__).parent / "programs"
+MARKER = "# --- launcher (not pasted) ---"
+SCRIPT_TIMEOUT = 120  # seconds; a script takes about 15 here (4 processes import torch)
+CELL_TIMEOUT = 120
+RESULT = "RESULT "  # the driver cell prints the result as one line after this
+# rpcnb prefixes output that reaches the notebook from another member
+WORKER_PREFIX = re.compile(r"^\[worker\d+\] ", re.MULTILINE)
+RTOL, ATOL = 1e-5, 1e-6
+
+# rpcnb bugs these programs meet now (issue 12). A test marked with one fails for that
+# reason (``raises=`` says at which step) until rpcnb is fixed; then it passes, which
+# strict=True turns into a failure: remove the marker then.
+LOCK_BUG = ("rpcnb bug: a module-level threading.Lock() used by shipped functions makes them "
+            "unshippable (TypeError: cannot pickle '_thread.lock' object)")
+GLOBALS_BUG = ("rpcnb bug: a `global` singleton set by a shipped function does not persist "
+               "between calls, so get_parameter_server() creates one ParameterServer per call")
+PRINT_BUG = ("rpcnb bug: print() in functions that plain rpc_sync/rpc_async run on a worker "
+             "process reaches the kernel only after the driver cell has finished (as late "
+             "output of that cell, or in the next cell), so the cell's output lacks those lines")
+
+
+class DriverCellFailed(AssertionError):
+    """The cell that calls run(WORLD_SIZE) raised."""
+
+
+class ResultsDiffer(AssertionError):
+    """The notebook's result is not the script's."""
+
+
+class OutputDiffers(AssertionError):
+    """The driver cell did not print what the script printed."""
+
+
+@dataclass
+class ScriptRun:
+    result: Any
+    pids: dict[str, list[int]]  # name -> [pid, parent pid], as each process reported
+    script_pid: int
+    seen: set[int]  # the script's descendants, looked at while it ran
+    alive_at_exit: set[int]  # those of them still running when the script had exited
+    stdout: str
+    seconds: float
+
+
+def definitions(name: str) -> str:
+    """What a user pastes into a cell: the program's source down to the launcher."""
+    source = (PROGRAMS / f"{name}.py").read_text()
+    assert MARKER in source, f"{name}.py has no {MARKER!r} line"
+    return source.split(MARKER)[0]
+
+
+def world_size(name: str) -> int:
+    for node in ast.parse(definitions(name)).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "WORLD_SIZE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name}.py defines no WORLD_SIZE")
+
+
+def run_script(name: str, tmp_path: Path) -> ScriptRun:
+    """``python PROGRAM.py OUT.json`` with a timeout; every process it started is killed
+    by pid at the end."""
+    out = tmp_path / f"{name}.json"
+    log_out, log_err = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
+    # block-buffered (stdout is a file): each process writes its lines whole when it exits,
+    # where unbuffered prints of several processes interleave mid-line
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    start = time.monotonic()
+    with open(log_out, "w") as so, open(log_err, "w") as se:
+        proc = subprocess.Popen([sys.executable, str(PROGRAMS / f"{name}.py"), str(out)],
+                                stdout=so, stderr=se, cwd=PROGRAMS, env=env)
+    seen: set[int] = set()
+    try:
+        while proc.poll() is None and time.monotonic() < start + SCRIPT_TIMEOUT:
+            seen.update(children_of(proc.pid))
+            time.sleep(0.05)
+        seen.update(children_of(proc.pid))
+        alive_at_exit = {p for p in seen if pid_alive(p)}
+    finally:
+        kill_all(sorted(seen | {proc.pid}))
+        proc.wait(timeout=10)
+    seconds = time.monotonic() - start
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
+    while time.monotonic() < deadline and any(pid_alive(p) for p in seen):
+        time.sleep(0.05)
+    assert not [p for p in seen if pid_alive(p)], f"{name}.py left processes running"
+    assert seconds < SCRIPT_TIMEOUT, f"{name}.py did not finish in {SCRIPT_TIMEOUT} s"
+    assert proc.returncode == 0, (
+        f"{name}.py exited with {proc.returncode} after {seconds:.1f} s:\n"
+        f"{log_err.read_text()[-4000:]}")
+    ran = json.loads(out.read_text())
+    return ScriptRun(ran["result"], ran["pids"], proc.pid, seen, alive_at_exit,
+                     log_out.read_text(), seconds)
+
+
+def run_in_notebook(kernel: Kernel, name: str) -> tuple[Any, str]:
+    """The program pasted into ``kernel``: the result of ``run(WORLD_SIZE)`` in a cell, and
+    everything else that cell printed."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute(f"%rpc_init --workers {world_size(name) - 1}")
+    kernel.execute(definitions(name))
+    out = kernel.execute(f"import json\nprint({RESULT!r} + json.dumps(run(WORLD_SIZE)))",
+                         timeout=CELL_TIMEOUT, allow_error=True)
+    if out.error:
+        raise DriverCellFailed("the driver cell failed:\n" + out.traceback)
+    lines = out.stdout.splitlines()
+    found = [line for line in lines if line.startswith(RESULT)]
+    assert len(found) == 1, f"the driver cell printed no result line:\n{out.stdout}"
+    printed = "\n".join(line for line in lines if not line.startswith(RESULT))
+    return json.loads(found[0][len(RESULT):]), printed
+
+
+def assert_same(script: Any, notebook: Any, where: str = "result") -> None:
+    """Equal structure and equal values; floats allclose."""
+    if isinstance(script, dict):
+        assert isinstance(notebook, dict) and script.keys() == notebook.keys(), (
+            f"{where}: keys {sorted(script)} in the script, "
+            f"{sorted(notebook) if isinstance(notebook, dict) else notebook!r} in the notebook")
+        for key in script:
+            assert_same(script[key], notebook[key], f"{where}[{key!r}]")
+    elif isinstance(script, list):
+        assert isinstance(notebook, list) and len(script) == len(notebook), (
+            f"{where}: {script!r} in the script, {notebook!r} in the notebook")
+        for i, (a, b) in enumerate(zip(script, notebook, strict=True)):
+            assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(script, float) or isinstance(notebook, float):
+        assert math.isclose(script, notebook, rel_tol=RTOL, abs_tol=ATOL), (
+            f"{where}: {script!r} in the script, {notebook!r} in the notebook")
+    else:
+        assert script == notebook, f"{where}: {script!r} in the script, {notebook!r} in the notebook"
+
+
+def printed_lines(text: str) -> list[str]:
+    """A program's printed lines in sorted order: its processes print concurrently."""
+    return sorted(line for line in WORKER_PREFIX.sub("", text).splitlines() if line.strip())
+
+
+# Script runs of this session by program, so that the test of the script side itself reuses
+# one (each run starts WORLD_SIZE + 1 Pythons that import torch: about 10 s here).
+SCRIPT_RUNS: dict[str, ScriptRun] = {}
+
+
+def check_program(name: str, kernel: Kernel, tmp_path: Path) -> ScriptRun:
+    script = SCRIPT_RUNS[name] = run_script(name, tmp_path)
+    notebook, printed = run_in_notebook(kernel, name)
+    try:
+        assert_same(script.result, notebook)
+    except AssertionError as e:
+        raise ResultsDiffer(str(e)) from None
+    in_cell, in_script = printed_lines(printed), printed_lines(script.stdout)
+    if in_cell != in_script:
+        missing = sorted((Counter(in_script) - Counter(in_cell)).elements())
+        extra = sorted((Counter(in_cell) - Counter(in_script)).elements())
+        raise OutputDiffers(f"the driver cell's output lacks {len(missing)} of the script's "
+                            f"{len(in_script)} lines {missing} and has {extra} besides:\n"
+                            f"{printed}")
+    return script
+
+
+def test_rl_agent_observer(kernel, tmp_path):
+    check_program("rl_agent_observer", kernel, tmp_path)
+
+
+@pytest.mark.xfail(reason=f"{LOCK_BUG}; behind it, {GLOBALS_BUG}; and {PRINT_BUG}", strict=True,
+                   raises=(DriverCellFailed, ResultsDiffer, OutputDiffers))
+def test_parameter_server(kernel, tmp_path):
+    check_program("parameter_server", kernel, tmp_path)
+
+
+@pytest.mark.xfail(reason=PRINT_BUG, strict=True, raises=OutputDiffers)
+def test_batch_parameter_server(kernel, tmp_path):
+    check_program("batch_parameter_server", kernel, tmp_path)
+
+
+def test_rnn_model_parallel(kernel, tmp_path):
+    check_program("rnn_model_parallel", kernel, tmp_path)
+
+
+def test_remote_module(kernel, tmp_path):
+    check_program("remote_module", kernel, tmp_path)
+
+
+def test_pipeline(kernel, tmp_path):
+    script = check_program("pipeline", kernel, tmp_path)
+    # and the pipeline computes what the unsplit model computes
+    for split, whole in (("outputs", "unsplit_outputs"), ("outputs_after", "unsplit_outputs_after"),
+                         ("losses", "unsplit_losses")):
+        assert_same(script.result[whole], script.result[split], f"{split} vs {whole}")
+
+
+def test_script_runs_in_separate_processes(tmp_path):
+    """The script side is real: one process per rank, each started by mp.spawn."""
+    name = "remote_module"
+    run = SCRIPT_RUNS.get(name) or run_script(name, tmp_path)
+    names = [f"worker{r}" for r in range(world_size(name))]
+    assert sorted(run.pids) == names
+    pids = [run.pids[n][0] for n in names]
+    assert len(set(pids)) == len(pids), f"two ranks share a process: {run.pids}"
+    assert os.getpid() not in pids and run.script_pid not in pids
+    # each is a child of the script, seen while it ran, and had exited when the script did
+    assert all(run.pids[n][1] == run.script_pid for n in names), run.pids
+    assert set(pids) <= run.seen, f"{pids} were not the script's children ({run.seen})"
+    assert not set(pids) & run.alive_at_exit
