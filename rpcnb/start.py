@@ -78,6 +78,9 @@ def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *
         raise
     _torch.note_interface(iface)
     roster.keep_rank(rank)
+    # RemoteModule's forward refers to a module torch generates when torch.distributed.nn
+    # is imported: a forward request can arrive before the request that would import it
+    import torch.distributed.nn  # noqa: F401
     if opts.get("shm", True) and opts.get("one_host", True):
         shm.activate(s.group_id, on_full=_shm_full(s))
     telemetry.clear()  # a new group: its worker1 is not the last group's worker1

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import Kernel, children_of, kill_all, pid_alive
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -35,18 +34,6 @@ RESULT = "RESULT "  # the driver cell prints the result as one line after this
 # rpcnb prefixes output that reaches the notebook from another member
 WORKER_PREFIX = re.compile(r"^\[worker\d+\] ", re.MULTILINE)
 RTOL, ATOL = 1e-5, 1e-6
-
-# rpcnb bugs these programs meet now (issue 12). A test marked with one fails for that
-# reason (``raises=`` says at which step) until rpcnb is fixed; then it passes, which
-# strict=True turns into a failure: remove the marker then.
-LOCK_BUG = ("rpcnb bug: a module-level threading.Lock() used by shipped functions makes them "
-            "unshippable (TypeError: cannot pickle '_thread.lock' object)")
-GLOBALS_BUG = ("rpcnb bug: a `global` singleton set by a shipped function does not persist "
-               "between calls, so get_parameter_server() creates one ParameterServer per call")
-PRINT_BUG = ("rpcnb bug: print() in functions that plain rpc_sync/rpc_async run on a worker "
-             "process reaches the kernel only after the driver cell has finished (as late "
-             "output of that cell, or in the next cell), so the cell's output lacks those lines")
-
 
 class DriverCellFailed(AssertionError):
     """The cell that calls run(WORLD_SIZE) raised."""
@@ -190,13 +177,10 @@ def test_rl_agent_observer(kernel, tmp_path):
     check_program("rl_agent_observer", kernel, tmp_path)
 
 
-@pytest.mark.xfail(reason=f"{LOCK_BUG}; behind it, {GLOBALS_BUG}; and {PRINT_BUG}", strict=True,
-                   raises=(DriverCellFailed, ResultsDiffer, OutputDiffers))
 def test_parameter_server(kernel, tmp_path):
     check_program("parameter_server", kernel, tmp_path)
 
 
-@pytest.mark.xfail(reason=PRINT_BUG, strict=True, raises=OutputDiffers)
 def test_batch_parameter_server(kernel, tmp_path):
     check_program("batch_parameter_server", kernel, tmp_path)
 

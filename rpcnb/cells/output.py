@@ -208,9 +208,11 @@ def capture_call(func: Any, sender: str) -> Any:
     """``func`` (a plain Python function another member called here), running with its
     output captured for ``sender`` and delivered before the call returns, so it lands in
     the cell that made the call, and in time (output it leaves to other threads goes to
-    the process's background capture)."""
+    the process's background capture). In a worker process only: a kernel's output is
+    its own notebook's."""
     s = state.active()
-    if s is None:
+    if s is None or s.runner is None or not s.runner.on_main:
+        # a kernel: what it prints is already in its own notebook's running cell
         return func
 
     def run(*args: Any, **kwargs: Any) -> Any:
