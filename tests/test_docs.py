@@ -40,7 +40,7 @@ def _page(site: Path, name: str) -> str:
 
 @pytest.mark.parametrize("name", ["index.html", "getting-started.html", "concepts.html",
                                   "magics.html", "channels.html", "architecture.html",
-                                  "benchmarks.html", "security.html", "troubleshooting.html",
+                                  "benchmarks.html", "security.html", "load.html", "troubleshooting.html",
                                   "tutorials.html", "api.html", "existing-code.html"])
 def test_page_exists(site: Path, name: str) -> None:
     _page(site, name)
