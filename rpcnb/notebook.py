@@ -289,7 +289,9 @@ def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> 
     if key[0] == PROCESS:  # one of ours, back home
         ref = _home.get(key)
         home = ref() if ref is not None else None
-        if home is not None and home.__code__ is code:
+        # the same code, though perhaps not the same object: marshal's output depends on
+        # reference counts, so a code object that went there and back may be a copy
+        if home is not None and (home.__code__ is code or home.__code__ == code):
             return home
     with _lock:
         func = _rebuilt.get(key)
@@ -305,8 +307,11 @@ def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> 
 
 
 def _set_function_state(func: Any, state: dict[str, Any]) -> None:
-    if _keys.get(func, ("",))[0] == PROCESS:
-        return  # one of ours, back home: it is as it was (its globals are ours)
+    key = _keys.get(func, ("", 0))
+    if key[0] == PROCESS:
+        ref = _home.get(key)
+        if ref is not None and ref() is func:
+            return  # one of ours, back home: it is as it was (its globals are ours)
     for module in state["submodules"]:
         importlib.import_module(module)
     take(state["globals"])

@@ -160,3 +160,20 @@ def test_remote_module_is_ready_in_every_worker_from_the_start(group):
     assert group.execute("%%remote --all --fetch\nimport sys\n"
                          "'_remote_module_non_scriptable' in sys.modules").text == \
         "{'worker1': True, 'worker2': True}"
+
+
+def test_a_notebook_class_that_comes_home_keeps_working_here(group):
+    # rm.rpc_sync() asks the owner for the RRef's type: the class travels back to the
+    # notebook, and its methods (with super()'s __class__ cell) must stay whole here
+    group.execute(
+        "import torch.distributed.rpc as rpc\n"
+        "class Base:\n    def __init__(self):\n        self.base = True\n"
+        "class Child(Base):\n    def __init__(self, n):\n        super().__init__()\n"
+        "        self.n = n\n    def twice(self):\n        return 2 * self.n\n"
+    )
+    out = group.execute(
+        "rm = rpc.remote('worker1', Child, args=(21,))\n"
+        "print(rm.rpc_sync().twice())\n"
+        "local = Child(5)\nprint(local.base, local.twice(), type(rm.to_here()) is Child)"
+    )
+    assert out.stdout.split() == ["42", "True", "10", "True"]
