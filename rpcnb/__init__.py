@@ -50,11 +50,13 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """``%load_ext rpcnb``: register the magics and the RRef display (torch not imported)."""
-    from rpcnb import display, launch, serialize
+    """``%load_ext rpcnb``: register the magics, the RRef display and the JupyterLab
+    panel's comm target (torch not imported)."""
+    from rpcnb import display, launch, panel, serialize
     from rpcnb.magics import RpcMagics
 
     launch.apply_quiet_env()  # before torch is imported, so TensorPipe stays quiet
     serialize.watch()
     ip.register_magics(RpcMagics)
     display.register(ip)
+    panel.register(ip)

@@ -52,17 +52,10 @@ def _remote_args(func: Any) -> Any:
 
 def _device_map_spec(text: str, user_ns: dict[str, Any]) -> Any:
     """--device-map takes a dict literal, DI-engine's string, or a notebook variable."""
-    import ast
-
-    text = text.strip().strip("'\"")
-    if text.startswith("{"):
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError) as exc:
-            raise UsageError(f"--device-map {text!r} is not a valid dict literal: {exc}.")
-    if text.isidentifier() and text in user_ns:
-        return user_ns[text]
-    return text
+    try:
+        return options.device_map_spec(text, user_ns)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _split_line_form(line: str) -> tuple[str, str]:

@@ -110,6 +110,22 @@ class DevicePlan:
     maps: dict[str, dict[str, Any]]  # member -> its device map (dict form)
 
 
+def device_map_spec(text: str, namespace: dict[str, Any]) -> Any:
+    """A device map as the user writes it (``--device-map``, the panel's start form): a
+    dict literal, DI-engine's string, or the name of a variable in ``namespace``."""
+    import ast
+
+    text = text.strip().strip("'\"")
+    if text.startswith("{"):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(f"--device-map {text!r} is not a valid dict literal: {exc}.") from None
+    if text.isidentifier() and text in namespace:
+        return namespace[text]
+    return text
+
+
 def plan_devices(me: str, workers: list[str], gpus: str | None = None,
                  device_map: Any = None) -> DevicePlan:
     """Which GPUs each worker gets (``--gpus``) and every member's device map

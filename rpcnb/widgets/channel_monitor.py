@@ -21,7 +21,6 @@ import traitlets
 
 from rpcnb import telemetry
 
-SERIES_POINTS = 240  # latency points kept per peer for the chart
 STOPPED_SHUTDOWN = "stopped: the group was shut down (%rpc_channels opens a new monitor)"
 STOPPED_CLOSED = "stopped: the monitor was closed"
 
@@ -44,20 +43,17 @@ class ChannelMonitor(anywidget.AnyWidget):
     def __init__(self, interval: float = 0.5, remote_interval: float = 3.0,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        from rpcnb import channels, roster, state
+        from rpcnb import state
+        from rpcnb.traffic import Traffic
 
         s = state.current()
         self._session = s  # the group this monitor shows; a later group is not its own
         self._interval = interval
         self._remote_interval = remote_interval
-        self._remote: dict[str, dict[str, dict[str, Any]]] = {}
-        self._remote_at = 0.0
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self.me = s.name
-        predicted = channels.predict_group()
-        self.members = roster.live_names(s)
-        self._predicted = {f"{a}->{b}": p for (a, b), p in predicted.items()}
+        self._traffic = Traffic(s)  # the computation, shared with the JupyterLab panel
         self._refresh(remote=True)
         telemetry.subscribe(self._on_record)
         self._thread = threading.Thread(target=self._loop, name="rpcnb-channel-monitor",
@@ -79,7 +75,7 @@ class ChannelMonitor(anywidget.AnyWidget):
             if state.active() is not self._session:
                 self._finish(STOPPED_SHUTDOWN)
                 return
-            due = time.monotonic() - self._remote_at > self._remote_interval
+            due = time.monotonic() - self._traffic.remote_at > self._remote_interval
             if self._dirty.is_set() or due:
                 self._dirty.clear()
                 try:
@@ -106,77 +102,12 @@ class ChannelMonitor(anywidget.AnyWidget):
         self.stop()
         super().close()
 
-    def _ask_remote(self) -> None:
-        from rpcnb import protocol, roster, state
-
-        s = state.current()
-        futs = {}
-        for name in roster.live_names(s):
-            if name != s.name:
-                try:
-                    futs[name] = protocol.call_async(s.token, name, "peer_stats", timeout=5)
-                except Exception:
-                    pass
-        for name, fut in futs.items():
-            try:
-                self._remote[name] = fut.wait()
-            except Exception:
-                self._remote.pop(name, None)
-        self._remote_at = time.monotonic()
-
     def _refresh(self, remote: bool) -> None:
-        from rpcnb import probe, roster, state
-
-        if remote:
-            self._ask_remote()
-        s = state.current()
-        members = roster.live_names(s)
-        if remote and any(f"{a}->{b}" not in self._predicted
-                          for a in members for b in members if a != b):
-            from rpcnb import channels  # a member joined: ask it for its facts too
-
-            self._predicted = {f"{a}->{b}": p for (a, b), p in channels.predict_group().items()}
-        mine = telemetry.peer_stats()
-        matrix: dict[str, Any] = {}
-        for a in members:
-            for b in members:
-                if a == b:
-                    continue
-                key = f"{a}->{b}"
-                pred = self._predicted.get(key)
-                cpu = pred.channels.get("cpu->cpu") if pred else None
-                cell: dict[str, Any] = {
-                    "transport": pred.transport.name if pred else "?",
-                    "channel": cpu.name if cpu else "?",
-                    "reason": (f"{pred.transport.reason}; {cpu.reason}" if pred and cpu
-                               else "joined moments ago: predicted at the next update"),
-                    "devices": {pair: c.name for pair, c in pred.channels.items()} if pred else {},
-                }
-                source = mine if a == s.name else self._remote.get(a, {})
-                cell.update(source.get(b) or {"calls": 0, "p50_ms": None, "bytes_per_s": None})
-                matrix[key] = cell
-        series: dict[str, list[list[float]]] = {}
-        curve: dict[str, list[list[Any]]] = {}
-        for rec in telemetry.records():
-            if rec["op"] in telemetry.MONITOR_OPS or not rec["peer"] or rec["peer"] == s.name:
-                continue
-            if rec["op"] == probe.OP:
-                if rec["nbytes"]:
-                    curve.setdefault(rec["peer"], []).append(
-                        [rec["nbytes"], rec["duration"] * 1e3,
-                         rec["nbytes"] / rec["duration"] if rec["duration"] > 0 else 0,
-                         rec["channel"]])
-                continue
-            series.setdefault(rec["peer"], []).append([rec["start"], rec["duration"] * 1e3])
-        for peer, points in curve.items():
-            latest: dict[int, list[Any]] = {}
-            for point in points:  # the last probe of each size wins
-                latest[point[0]] = point
-            curve[peer] = sorted(latest.values())
+        pic = self._traffic.picture(remote)
         with self.hold_sync():
-            self.members = members
-            self.matrix = matrix
-            self.series = {p: pts[-SERIES_POINTS:] for p, pts in series.items()}
-            self.curve = curve
+            self.members = pic.members
+            self.matrix = pic.matrix
+            self.series = pic.series
+            self.curve = pic.curve
             self.updated = time.time()
             self.updates = self.updates + 1

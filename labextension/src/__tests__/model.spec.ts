@@ -1,0 +1,101 @@
+import {
+  age,
+  bytes,
+  Connection,
+  describe as describeConn,
+  IMember,
+  ISnapshot,
+  memberCells,
+  rrefWhat,
+  sparkline,
+  statusOf,
+  TEXT
+} from '../model';
+
+function member(name: string, alive = true, extra: Partial<IMember> = {}): IMember {
+  return {
+    name, rank: 0, host: 'box', pid: 100, kind: 'process', devices: [], alive,
+    how: alive ? '' : 'killed by SIGKILL', calls: 3, recent_ms: 0.5, me: false, ...extra
+  };
+}
+
+function live(members: IMember[]): Connection {
+  const snapshot: ISnapshot = {
+    protocol: 1, time: 1000, message: '', members,
+    group: { me: 'worker0', leader: 'worker0', address: '127.0.0.1:1', join_line: 'j',
+             size: members.length, alive: members.filter(m => m.alive).length }
+  };
+  return { state: 'live', snapshot };
+}
+
+describe('status item', () => {
+  it('counts the living members of the group', () => {
+    const s = statusOf(live([member('worker0'), member('worker1'), member('worker2')]));
+    expect(s.text).toBe('RPC 3/3');
+    expect(s.health).toBe('ok');
+  });
+
+  it('turns red and names the dead', () => {
+    const s = statusOf(live([member('worker0'), member('worker1', false), member('worker2')]));
+    expect(s.text).toBe('RPC 2/3');
+    expect(s.health).toBe('dead');
+    expect(s.title).toContain('worker1 is dead');
+  });
+
+  it('says when there is no group or no rpcnb', () => {
+    const none: Connection = {
+      state: 'live',
+      snapshot: { protocol: 1, time: 0, group: null, members: [], message: 'No group here.' }
+    };
+    expect(statusOf(none).text).toBe('RPC: no group');
+    expect(describeConn(none)).toBe('No group here.');
+    expect(statusOf({ state: 'not-loaded' }).health).toBe('none');
+    expect(describeConn({ state: 'not-loaded' })).toBe(TEXT.notLoaded);
+    expect(describeConn({ state: 'no-notebook' })).toBe(TEXT.noNotebook);
+  });
+
+  it('asks for an upgrade when the kernel speaks a newer protocol', () => {
+    const conn = live([member('worker0')]);
+    if (conn.state === 'live') {
+      conn.snapshot.protocol = 2;
+    }
+    expect(describeConn(conn)).toBe(TEXT.newerProtocol);
+  });
+});
+
+describe('members table', () => {
+  it('shows a dead member with how it died', () => {
+    const cells = memberCells(member('worker1', false, { devices: ['cuda:0'], me: false }));
+    expect(cells[0]).toBe('worker1');
+    expect(cells[5]).toBe('cuda:0');
+    expect(cells[6]).toBe('dead (killed by SIGKILL)');
+  });
+
+  it('marks this kernel and a CPU-only member', () => {
+    const cells = memberCells(member('worker0', true, { me: true, recent_ms: null }));
+    expect(cells[0]).toBe('worker0 (this kernel)');
+    expect(cells[5]).toBe('cpu');
+    expect(cells[6]).toBe('alive');
+    expect(cells[8]).toBe('');
+  });
+});
+
+describe('formatting', () => {
+  it('sizes, ages and RRef descriptions', () => {
+    expect(bytes(512)).toBe('512 B');
+    expect(bytes(64 * 1024 * 1024)).toBe('64.0 MB');
+    expect(age(100, 130)).toBe('30 s');
+    expect(age(100, 100 + 600)).toBe('10 min');
+    expect(rrefWhat({ key: 'k', names: ['t'], since: 0, owner: 'worker1', type: 'Tensor',
+                      shape: [2, 3], dtype: 'torch.float32', device: 'cpu', nbytes: 24 }))
+      .toBe('Tensor [2,3] torch.float32 cpu 24 B');
+    expect(rrefWhat({ key: 'k', names: [], since: 0, owner: 'worker1', error: 'worker1 is gone' }))
+      .toBe('worker1 is gone');
+  });
+
+  it('draws a sparkline across the width, the highest point at the top', () => {
+    const pts = sparkline([[0, 1], [5, 2], [10, 4]], 100, 10).split(' ');
+    expect(pts).toEqual(['0.0,7.5', '50.0,5.0', '100.0,0.0']);
+    expect(sparkline([], 100, 10)).toBe('');
+  });
+});

@@ -1,0 +1,229 @@
+/**
+ * The panel's data: the snapshots the kernel pushes over the `rpcnb.panel` comm
+ * (rpcnb/panel.py) and what the status item and the panel make of them. Nothing here
+ * touches JupyterLab or the DOM, so the jest tests run it as is.
+ */
+
+export const TARGET = 'rpcnb.panel';
+export const PROTOCOL = 1;
+
+export interface IMember {
+  name: string;
+  rank: number;
+  host: string;
+  pid: number;
+  kind: string;
+  devices: string[];
+  alive: boolean;
+  how: string;
+  calls: number;
+  recent_ms: number | null;
+  me: boolean;
+}
+
+export interface IGroup {
+  me: string;
+  leader: string;
+  address: string;
+  join_line: string;
+  size: number;
+  alive: number;
+}
+
+export interface IRRef {
+  key: string;
+  names: string[];
+  since: number;
+  owner: string;
+  error?: string | null;
+  type?: string;
+  shape?: unknown;
+  dtype?: string;
+  device?: string;
+  nbytes?: number;
+  preview?: string;
+}
+
+export interface ICell {
+  transport: string;
+  channel: string;
+  reason: string;
+  calls: number;
+  p50_ms: number | null;
+}
+
+export interface ITraffic {
+  members: string[];
+  matrix: { [pair: string]: ICell };
+  series: { [peer: string]: number[][] };
+}
+
+export interface ISnapshot {
+  protocol: number;
+  time: number;
+  group: IGroup | null;
+  members: IMember[];
+  message: string;
+  traffic?: ITraffic | null;
+  rrefs?: IRRef[];
+}
+
+/** Where the panel's connection to the active kernel stands. */
+export type Connection =
+  | { state: 'no-notebook' }
+  | { state: 'no-kernel' }
+  | { state: 'connecting' }
+  | { state: 'not-loaded' }
+  | { state: 'live'; snapshot: ISnapshot };
+
+export const TEXT = {
+  noNotebook: 'No notebook has focus: the panel follows the notebook you work in.',
+  noKernel: 'This notebook has no running kernel.',
+  connecting: 'Asking the kernel for its group...',
+  notLoaded:
+    'rpcnb is not loaded in this kernel: run %load_ext rpcnb in the notebook, then %rpc_init --workers 2.',
+  newerProtocol:
+    'This kernel speaks a newer panel protocol than this extension: upgrade the rpcnb package in JupyterLab\'s environment.'
+};
+
+export interface IStatus {
+  text: string;
+  title: string;
+  health: 'none' | 'ok' | 'dead';
+}
+
+/** The status bar item: "RPC alive/size", red while a member is dead. */
+export function statusOf(conn: Connection): IStatus {
+  if (conn.state !== 'live') {
+    return { text: 'RPC', title: describe(conn), health: 'none' };
+  }
+  const group = conn.snapshot.group;
+  if (!group) {
+    return { text: 'RPC: no group', title: conn.snapshot.message, health: 'none' };
+  }
+  const members = conn.snapshot.members;
+  const alive = members.filter(m => m.alive).length;
+  const dead = members.filter(m => !m.alive).map(m => m.name);
+  return {
+    text: `RPC ${alive}/${members.length}`,
+    title:
+      dead.length > 0
+        ? `${dead.join(', ')} ${dead.length === 1 ? 'is' : 'are'} dead; click for the RPC panel`
+        : `${members.length} members, all alive; click for the RPC panel`,
+    health: dead.length > 0 ? 'dead' : 'ok'
+  };
+}
+
+/** The line the panel shows above its tables. */
+export function describe(conn: Connection): string {
+  switch (conn.state) {
+    case 'no-notebook':
+      return TEXT.noNotebook;
+    case 'no-kernel':
+      return TEXT.noKernel;
+    case 'connecting':
+      return TEXT.connecting;
+    case 'not-loaded':
+      return TEXT.notLoaded;
+    case 'live': {
+      const snap = conn.snapshot;
+      if (snap.protocol > PROTOCOL) {
+        return TEXT.newerProtocol;
+      }
+      if (!snap.group) {
+        return snap.message;
+      }
+      const g = snap.group;
+      return `Group of ${g.size} led by ${g.leader}; this kernel is ${g.me}.`;
+    }
+  }
+}
+
+/** One member's row of cells, as the members table shows them. */
+export function memberCells(m: IMember): string[] {
+  return [
+    m.name + (m.me ? ' (this kernel)' : ''),
+    String(m.rank),
+    m.host,
+    String(m.pid),
+    m.kind,
+    m.devices.length ? m.devices.join(', ') : 'cpu',
+    m.alive ? 'alive' : m.how ? `dead (${m.how})` : 'dead',
+    String(m.calls),
+    m.recent_ms === null || m.recent_ms === undefined ? '' : `${m.recent_ms.toFixed(2)} ms`
+  ];
+}
+
+export const MEMBER_COLUMNS = [
+  'name',
+  'rank',
+  'host',
+  'pid',
+  'kind',
+  'devices',
+  'alive',
+  'calls',
+  'recent'
+];
+
+/** A size in bytes as a person reads it. */
+export function bytes(n: number | undefined): string {
+  if (n === undefined || n === null) {
+    return '';
+  }
+  const units = ['B', 'KB', 'MB', 'GB', 'TB'];
+  let v = n;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+/** How long ago `since` (seconds since the epoch) was, at `now`. */
+export function age(since: number, now: number): string {
+  const s = Math.max(0, Math.round(now - since));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min`;
+  }
+  return `${Math.floor(s / 3600)} h`;
+}
+
+/** One RRef's description: type, shape, dtype, device and size where known. */
+export function rrefWhat(r: IRRef): string {
+  if (r.error) {
+    return r.error;
+  }
+  const parts = [r.type ?? '?'];
+  if (r.shape !== undefined && r.shape !== null) {
+    parts.push(JSON.stringify(r.shape));
+  }
+  for (const p of [r.dtype, r.device, bytes(r.nbytes)]) {
+    if (p) {
+      parts.push(p);
+    }
+  }
+  return parts.join(' ');
+}
+
+/** The points of a latency sparkline (an SVG polyline) for one peer's [t, ms] series. */
+export function sparkline(points: number[][], width: number, height: number): string {
+  if (points.length === 0) {
+    return '';
+  }
+  const t0 = points[0][0];
+  const t1 = points[points.length - 1][0];
+  const top = Math.max(...points.map(p => p[1])) || 1;
+  const span = t1 - t0 || 1;
+  return points
+    .map(([t, ms]) => {
+      const x = points.length === 1 ? width / 2 : ((t - t0) / span) * width;
+      const y = height - (ms / top) * height;
+      return `${x.toFixed(1)},${y.toFixed(1)}`;
+    })
+    .join(' ');
+}
