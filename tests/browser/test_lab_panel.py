@@ -1,0 +1,160 @@
+"""rpcnb's JupyterLab extension in a real JupyterLab, driven by Debian's Chromium: the
+"RPC" side panel and the status bar item follow a notebook on the rpcnb kernel. The
+panel lists the group's three members with their pids; a %%remote cell's RRef shows in
+the panel and its "free" button frees it on the worker; a worker killed by pid shows dead
+in the panel and the status item within 5 s; after %rpc_shutdown the panel says there is
+no group. Screenshots go to the test's tmp_path (and to docs/_static/ with
+RPCNB_UPDATE_SCREENSHOTS=1, checked not to be blank either way).
+
+The extension is the one `make` built and installed (labextension/, shared data of the
+editable install); the test fails if JupyterLab does not list it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import children_of
+from test_lab_widgets import CHROMIUM, CHROMIUM_ARGS, DOCS_STATIC, lab, run_cell  # noqa: F401
+
+CELLS = [
+    "%load_ext rpcnb\n%rpc_init --workers 2",
+    "%%remote worker1 -o t\nimport torch\ntorch.ones(256, 1024)",
+    "print('t is held:', 't' in globals())",
+    "%rpc_shutdown",
+]
+
+
+def write_notebook(path: Path) -> None:
+    nb = {
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {},
+                   "outputs": [], "source": src} for src in CELLS],
+        "metadata": {"kernelspec": {"name": "rpcnb", "display_name": "Python 3 (rpcnb)",
+                                    "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))
+
+
+def not_blank(png: Path) -> None:
+    """A screenshot that shows something: more than a handful of distinct colours."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        colours = im.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 8, f"{png} is blank"
+
+
+def widen(page, panel) -> None:
+    """Drag the handle left of the right side bar so the panel is 700 px wide."""
+    box = panel.bounding_box()
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+    hb = handle.bounding_box()
+    page.mouse.move(hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] - 700, hb["y"] + hb["height"] / 2, steps=5)
+    page.mouse.up()
+
+
+def test_extension_is_installed_and_enabled():
+    out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"],
+                         capture_output=True, text=True, timeout=120)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+    assert re.search(r"rpcnb v[\d.]+ enabled OK", text), text
+
+
+def test_panel_follows_the_group(lab, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    write_notebook(lab["root"] / "panel.ipynb")
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        lab["started"].update(children_of(os.getpid()))
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        try:
+            page.set_default_timeout(120_000)
+            expect.set_options(timeout=120_000)
+            page.goto(f"{lab['url']}/lab/tree/panel.ipynb?token={lab['token']}")
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            expect(page.get_by_text("Python 3 (rpcnb) | Idle")).to_be_visible()
+            news = page.get_by_role("button", name="No", exact=True)
+            if news.is_visible():
+                news.click()
+
+            status = page.locator(".rpcnb-status-item")
+            expect(status).to_be_visible()  # before rpcnb is loaded: "RPC"
+            status.click()  # the status item opens the panel
+            panel = page.locator("#rpcnb-panel")
+            expect(panel).to_be_visible()
+            widen(page, panel)
+            expect(panel.locator(".rpcnb-panel-message")).to_contain_text("%load_ext rpcnb")
+
+            run_cell(page, 0)
+            lab["started"].update(children_of(lab["pid"]))
+            rows = panel.locator("table.rpcnb-panel-members tr[data-member]")
+            expect(rows).to_have_count(3)
+            expect(status).to_have_text("RPC 3/3")
+            expect(status).to_have_attribute("data-health", "ok")
+            pids = {}
+            for name in ("worker0", "worker1", "worker2"):
+                row = panel.locator(f"tr[data-member='{name}']")
+                expect(row.locator("td[data-col='alive']")).to_have_text("alive")
+                pids[name] = int(row.locator("td[data-col='pid']").inner_text())
+            lab["started"].update(pids.values())
+            worker1_cmd = Path(f"/proc/{pids['worker1']}/cmdline").read_bytes()
+            assert b"rpcnb" in worker1_cmd, worker1_cmd  # the pid is the worker's
+
+            # an RRef held by this kernel, and "free" dropping it
+            run_cell(page, 1)
+            rref = panel.locator("table.rpcnb-panel-rrefs tr", has_text="worker1")
+            expect(rref).to_have_count(1)
+            expect(rref.locator(".rpcnb-rref-names")).to_have_text("t")
+            expect(rref).to_contain_text("Tensor")
+            expect(rref).to_contain_text("1.0 MB")
+            expect(panel.locator("td[data-pair='worker0->worker1']")).to_be_visible()
+            panel.screenshot(path=str(shots / "panel.png"))
+            rref.locator("button[data-action='free']").click()
+            expect(panel.locator(".rpcnb-panel-note")).to_contain_text("freed: t dropped")
+            expect(panel.locator("table.rpcnb-panel-rrefs tr")).to_have_count(0)
+            run_cell(page, 2)
+            expect(page.locator(".jp-Notebook .jp-Cell").nth(2)).to_contain_text("t is held: False")
+
+            # a worker killed by pid: dead in the panel and the status item within 5 s
+            os.kill(pids["worker2"], signal.SIGKILL)
+            killed = time.monotonic()
+            expect(panel.locator("tr[data-member='worker2'] td[data-col='alive']")) \
+                .to_contain_text("dead", timeout=5_000)
+            expect(status).to_have_text("RPC 2/3", timeout=5_000)
+            expect(status).to_have_attribute("data-health", "dead", timeout=5_000)
+            seen_dead = time.monotonic() - killed
+            assert seen_dead < 5, seen_dead
+            panel.screenshot(path=str(shots / "panel-dead.png"))
+            page.locator(".jp-StatusBar-Widget").first.screenshot(path=str(shots / "status.png"))
+
+            run_cell(page, 3)  # %rpc_shutdown
+            expect(panel.locator(".rpcnb-panel-message")).to_contain_text("No group in this kernel")
+            expect(status).to_have_text("RPC: no group")
+            expect(panel.locator("form.rpcnb-panel-start")).to_be_visible()
+        except BaseException:
+            page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            lab["started"].update(children_of(lab["pid"]))
+            browser.close()
+    for name in ("panel.png", "panel-dead.png"):
+        not_blank(shots / name)
+    if os.environ.get("RPCNB_UPDATE_SCREENSHOTS") == "1":
+        DOCS_STATIC.mkdir(parents=True, exist_ok=True)
+        for name in ("panel.png", "panel-dead.png"):
+            shutil.copy(shots / name, DOCS_STATIC / name)
