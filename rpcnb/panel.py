@@ -234,11 +234,13 @@ class Publisher:
                     self.actor.start()
 
     def after_cell(self, result: Any = None) -> None:
-        """After each cell (IPython's post_run_cell): note new RRefs, refresh the panel."""
+        """After each cell (IPython's post_run_cell), while a panel is open: note new
+        RRefs (their age counts from here), refresh the panel. Without a panel, nothing."""
+        if not self.links:
+            return
         if state.active() is not None:
             self._note(find_rrefs(self.shell.user_ns))
-        if self.links:
-            self.wake.set()
+        self.wake.set()
 
     def _on_record(self, rec: Any) -> None:
         self._dirty = True  # inline on an RPC thread: nothing more

@@ -41,7 +41,8 @@ def _page(site: Path, name: str) -> str:
 @pytest.mark.parametrize("name", ["index.html", "getting-started.html", "concepts.html",
                                   "magics.html", "channels.html", "architecture.html",
                                   "benchmarks.html", "security.html", "load.html", "troubleshooting.html",
-                                  "tutorials.html", "api.html", "existing-code.html"])
+                                  "tutorials.html", "api.html", "existing-code.html",
+                                  "panel.html"])
 def test_page_exists(site: Path, name: str) -> None:
     _page(site, name)
 
@@ -72,3 +73,4 @@ def test_every_notebook_is_a_tutorial_page(site: Path, path: Path) -> None:
 
 def test_screenshots_are_shipped(site: Path) -> None:
     assert list((site / "_images").glob("*.png")), "the channels page lost its screenshots"
+    assert "panel.png" in _page(site, "panel.html"), "the panel page lost its screenshots"
