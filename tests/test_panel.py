@@ -124,3 +124,23 @@ def test_no_group_then_a_group_then_a_death(kernel):
     while kernel.value("__import__('rpcnb.panel').panel.publisher().thread is not None"):
         assert time.monotonic() < deadline, "the panel's thread outlived its last comm"
         time.sleep(0.5)
+
+
+def test_the_panel_starts_and_shuts_down_a_group(kernel):
+    kernel.execute("%load_ext rpcnb")
+    comm_id = open_comm(kernel)
+    wait_for(kernel, comm_id, snapshot_where(lambda s: s["group"] is None))
+    send(kernel, comm_id, {"type": "action", "action": "start", "workers": "1", "id": 1})
+    reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply", timeout=90)
+    assert reply["ok"] and reply["message"].startswith("started: worker0, worker1"), reply
+    wait_for(kernel, comm_id, snapshot_where(lambda s: s["group"] and s["group"]["size"] == 2))
+    kernel.known.update(worker_pids(kernel).values())
+    send(kernel, comm_id, {"type": "action", "action": "shutdown", "id": 2})
+    try:
+        reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply", timeout=60)
+    except AssertionError:
+        print(kernel.execute("import sys, traceback\nfor t, f in sys._current_frames().items():\n"
+                             "    print(t, ''.join(traceback.format_stack(f)[-8:]))").stdout)
+        raise
+    assert reply["ok"], reply
+    wait_for(kernel, comm_id, snapshot_where(lambda s: s["group"] is None))
