@@ -144,11 +144,26 @@ class Link {
     }
     this.set({ state: 'connecting' });
     let comm: Kernel.IComm;
+    // JupyterLab 4.6 sends a comm's messages over one kernel subshell per comm target,
+    // reference-counted; a comm that joins the target's subshell while the last one's
+    // close is deleting it (the kernel's hello does exactly that) sends into a deleted
+    // subshell, and the kernel drops its messages. This comm uses the main shell (its
+    // actions wait for a running cell to end): createComm takes the kernel's setting
+    // from this field, set only for this call so that no other comm is touched.
+    const k = kernel as any;
+    const saved = k._commsOverSubshells;
     try {
+      if (saved !== undefined) {
+        k._commsOverSubshells = 'disabled';
+      }
       comm = kernel.createComm(TARGET);
     } catch (err) {
       this.set({ state: 'not-loaded' });
       return;
+    } finally {
+      if (saved !== undefined) {
+        k._commsOverSubshells = saved;
+      }
     }
     this.comm = comm;
     comm.onMsg = (msg: KernelMessage.ICommMsgMsg) => this.receive(msg.content.data as any);

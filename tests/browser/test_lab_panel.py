@@ -3,7 +3,8 @@
 panel lists the group's three members with their pids; a %%remote cell's RRef shows in
 the panel and its "free" button frees it on the worker; a worker killed by pid shows dead
 in the panel and the status item within 5 s; after %rpc_shutdown the panel says there is
-no group. Screenshots go to the test's tmp_path (and to docs/_static/ with
+no group; its form starts a group and its button shuts it down; after a kernel restart it
+says rpcnb is not loaded, and connects again after %load_ext rpcnb. Screenshots go to the test's tmp_path (and to docs/_static/ with
 RPCNB_UPDATE_SCREENSHOTS=1, checked not to be blank either way).
 
 The extension is the one `make` built and installed (labextension/, shared data of the
@@ -31,6 +32,7 @@ CELLS = [
     "%%remote worker1 -o t\nimport torch\ntorch.ones(256, 1024)",
     "print('t is held:', 't' in globals())",
     "%rpc_shutdown",
+    "%load_ext rpcnb",
 ]
 
 
@@ -146,6 +148,29 @@ def test_panel_follows_the_group(lab, tmp_path):
             expect(panel.locator(".rpcnb-panel-message")).to_contain_text("No group in this kernel")
             expect(status).to_have_text("RPC: no group")
             expect(panel.locator("form.rpcnb-panel-start")).to_be_visible()
+
+            # the panel's own actions: start a group of 2, then shut it down
+            panel.locator("form.rpcnb-panel-start input[name='workers']").fill("1")
+            panel.locator("form.rpcnb-panel-start button[type='submit']").click()
+            expect(rows).to_have_count(2)
+            expect(panel.locator(".rpcnb-panel-note")).to_contain_text("started: worker0, worker1")
+            expect(status).to_have_text("RPC 2/2")
+            lab["started"].update(children_of(lab["pid"]))
+            panel.locator("button[data-action='shutdown']").click()
+            expect(panel.locator(".rpcnb-panel-message")).to_contain_text("No group in this kernel")
+
+            # a kernel restart: the new kernel has no rpcnb until %load_ext, then the
+            # panel connects again by itself
+            page.locator(".jp-Notebook").click()
+            page.keyboard.press("Escape")
+            page.keyboard.press("0")
+            page.keyboard.press("0")
+            page.locator(".jp-Dialog button.jp-mod-accept").click()
+            expect(panel.locator(".rpcnb-panel-message")).to_contain_text("%load_ext rpcnb")
+            expect(status).to_have_text("RPC")
+            expect(page.get_by_text("Python 3 (rpcnb) | Idle")).to_be_visible()
+            run_cell(page, 4)
+            expect(panel.locator(".rpcnb-panel-message")).to_contain_text("No group in this kernel")
         except BaseException:
             page.screenshot(path=str(shots / "failure.png"))
             raise
