@@ -9,7 +9,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Signal } from '@lumino/signaling';
@@ -266,8 +266,7 @@ class RpcPanel extends Widget {
           source: reply.insert
         });
         nb.content.activeCellIndex = model.cells.length - 1;
-        await nb.context.sessionContext.session?.kernel?.requestExecute({ code: reply.insert })
-          .done;
+        await NotebookActions.run(nb.content, nb.sessionContext);
       }
     }
   }

@@ -125,12 +125,23 @@ def test_panel_follows_the_group(lab, tmp_path):
             expect(rref).to_contain_text("Tensor")
             expect(rref).to_contain_text("1.0 MB")
             expect(panel.locator("td[data-pair='worker0->worker1']")).to_be_visible()
+            expect(panel.locator("tr[data-member='worker1'] svg.rpcnb-panel-spark polyline")) \
+                .to_have_count(1)  # worker1's latency over the last minutes
             panel.screenshot(path=str(shots / "panel.png"))
+            page.once("dialog", lambda dialog: dialog.accept("fetched"))
+            rref.locator("button[data-action='fetch']").click()
+            expect(panel.locator(".rpcnb-panel-note")).to_contain_text(
+                "fetched = Tensor from worker1")
             rref.locator("button[data-action='free']").click()
             expect(panel.locator(".rpcnb-panel-note")).to_contain_text("freed: t dropped")
             expect(panel.locator("table.rpcnb-panel-rrefs tr")).to_have_count(0)
             run_cell(page, 2)
             expect(page.locator(".jp-Notebook .jp-Cell").nth(2)).to_contain_text("t is held: False")
+
+            # "Channel monitor": a cell with %rpc_channels at the end, run, its widget shown
+            panel.locator("button", has_text="Channel monitor").click()
+            expect(page.locator(".jp-Notebook .jp-Cell").last).to_contain_text("%rpc_channels")
+            expect(page.locator(".rpcnb-monitor")).to_be_visible()
 
             # a worker killed by pid: dead in the panel and the status item within 5 s
             os.kill(pids["worker2"], signal.SIGKILL)
@@ -179,6 +190,8 @@ def test_panel_follows_the_group(lab, tmp_path):
             browser.close()
     for name in ("panel.png", "panel-dead.png"):
         not_blank(shots / name)
+    # the kernel dropped no message of the panel's (see docs/panel.md on subshells)
+    assert "Unknown subshell" not in (tmp_path / "lab.log").read_text(errors="replace")
     if os.environ.get("RPCNB_UPDATE_SCREENSHOTS") == "1":
         DOCS_STATIC.mkdir(parents=True, exist_ok=True)
         for name in ("panel.png", "panel-dead.png"):
