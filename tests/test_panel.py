@@ -6,6 +6,7 @@ worker shows dead within 5 s; actions answer with a line; nothing new listens.""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -135,6 +136,9 @@ def test_the_panel_starts_and_shuts_down_a_group(kernel):
     assert reply["ok"] and reply["message"].startswith("started: worker0, worker1"), reply
     wait_for(kernel, comm_id, snapshot_where(lambda s: s["group"] and s["group"]["size"] == 2))
     kernel.known.update(worker_pids(kernel).values())
+    send(kernel, comm_id, {"type": "action", "action": "probe", "id": 3})
+    reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply", timeout=90)
+    assert reply["ok"] and re.match(r"probed: worker1 [\d.]+ ms$", reply["message"]), reply
     send(kernel, comm_id, {"type": "action", "action": "shutdown", "id": 2})
     try:
         reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply", timeout=60)
