@@ -29,8 +29,9 @@ from typing import Any
 _BASES = frozenset({("numpy", "ndarray"), ("cupy", "ndarray")})
 # Where an array type's ``from_dlpack`` is not in its top-level package.
 _LIBRARIES = {"jaxlib": "jax.numpy", "jax": "jax.numpy"}
-# DLPack device types (dlpack.h): kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLCUDAManaged
-_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "rocm", 13: "cuda"}
+# DLPack device types (dlpack.h): kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLCUDAManaged;
+# torch calls ROCm devices "cuda" too
+_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 13: "cuda"}
 _HOST = (1, 3)
 
 _libraries: dict[type, str | None] = {}  # type -> the module that rebuilds it, or None
@@ -101,12 +102,15 @@ def as_tensor(array: Any) -> Any:
         return None
 
 
-def reduce_array(array: Any, lib: str) -> tuple[Any, tuple[str, Any]] | None:
+def reduce_array(array: Any, lib: str, host: bool = False) -> tuple[Any, tuple[str, Any]] | None:
     """The pickle reduction of an array of library ``lib``: its tensor, rebuilt as the
-    array where it arrives (None: pickle it as before)."""
+    array where it arrives (None: pickle it as before). ``host``: send a device array's
+    data as a CPU tensor (no device map reaches the peer from its device)."""
     tensor = as_tensor(array)
     if tensor is None:
         return None
+    if host and tensor.device.type != "cpu":
+        tensor = tensor.cpu()
     return rebuild, (lib, tensor)
 
 

@@ -171,8 +171,23 @@ class Table(dict):  # type: ignore[type-arg]
 
 
 def _reduce_array(lib: str, array: Any) -> Any:
-    reduced = arrays.reduce_array(array, lib)
+    reduced = arrays.reduce_array(array, lib, host=not _device_route(array))
     return reduced if reduced is not None else array.__reduce_ex__(PROTOCOL)
+
+
+def _device_route(array: Any) -> bool:
+    """Can this array's tensor travel on its device? A CPU one always; a CUDA one when a
+    device map takes its device to the peer (for a reply: when the agent has the device),
+    as torch requires of a CUDA tensor. Otherwise it goes as a host copy, which the
+    receiver's library puts back on its own current device (as CuPy's pickling did)."""
+    if arrays.is_host(array):
+        return True
+    from rpcnb import _torch
+
+    maps, devices = _torch.cuda_routes()
+    peer = telemetry.current_peer()
+    where = arrays.device(array)
+    return where in maps.get(peer, {}) if peer else where in devices
 
 
 _EXTRACTOR: Any = None

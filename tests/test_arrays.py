@@ -376,11 +376,23 @@ def test_magics_push_fetch_and_display_arrays_and_load_ext_stays_light(kernel):
 
 
 def _cupy():
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed: CuPy arrays cannot be tested")
-    if not cupy.cuda.is_available():
-        pytest.skip("no CUDA device on this machine: CuPy arrays cannot be made")
+    """CuPy, or a skip that says what this machine lacks: a CUDA device (asked of torch
+    and of the driver's device files) and an importable CuPy."""
+    import importlib.util
+    import glob
+
+    lacks = []
     if not torch.cuda.is_available():
-        pytest.skip(f"torch {torch.__version__} has no CUDA here: CuPy arrays are pickled")
+        lacks.append(f"no CUDA device (torch {torch.__version__}: cuda.is_available() is "
+                     f"False; /dev/nvidia[0-9]*: {len(glob.glob('/dev/nvidia[0-9]*'))} found)")
+    if importlib.util.find_spec("cupy") is None:
+        lacks.append("CuPy is not installed (pip install cupy-cuda12x on a CUDA machine)")
+    if lacks:
+        pytest.skip("CuPy arrays cannot be tested here: " + "; ".join(lacks))
+    import cupy
+
+    if not cupy.cuda.is_available():
+        pytest.skip("CuPy is installed but sees no CUDA device (cupy.cuda.is_available())")
     return cupy
 
 
