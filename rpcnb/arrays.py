@@ -34,8 +34,20 @@ _LIBRARIES = {"jaxlib": "jax.numpy", "jax": "jax.numpy"}
 _DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 13: "cuda"}
 _HOST = (1, 3)
 
+_enabled = True
 _libraries: dict[type, str | None] = {}  # type -> the module that rebuilds it, or None
 _rebuilders: dict[str, Any] = {}  # module name -> its from_dlpack
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the tensor path for arrays on or off (off: arrays are pickled into the
+    message as their library pickles them; for comparisons, and as a way out)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def is_enabled() -> bool:
+    return _enabled
 
 
 def library(cls: type) -> str | None:
@@ -106,6 +118,8 @@ def reduce_array(array: Any, lib: str, host: bool = False) -> tuple[Any, tuple[s
     """The pickle reduction of an array of library ``lib``: its tensor, rebuilt as the
     array where it arrives (None: pickle it as before). ``host``: send a device array's
     data as a CPU tensor (no device map reaches the peer from its device)."""
+    if not _enabled:
+        return None
     tensor = as_tensor(array)
     if tensor is None:
         return None
