@@ -172,6 +172,21 @@ def test_arrays_become_tensors_without_a_copy_and_refused_ones_are_pickled():
         assert repr(back) == repr(refused)
 
 
+def test_the_array_path_can_be_turned_off():
+    serialize.install()
+    pickler = _torch.rpc_pickler()
+    a = np.arange(1000, dtype=np.float64)
+    arrays.set_enabled(False)
+    try:
+        data, tensors = pickler.serialize(a)
+    finally:
+        arrays.set_enabled(True)
+    assert tensors == [] and len(data) > a.nbytes  # the bytes are in the pickle
+    assert same(pickler.deserialize(data, tensors), a)
+    data, tensors = pickler.serialize(a)
+    assert len(tensors) == 1 and len(data) < 1024  # on again
+
+
 def test_the_tensor_extractor_finds_arrays_as_tensors():
     # with a device map, torch looks for CUDA tensors in Python values by pickling them:
     # an array is found as its tensor (a CuPy array is then not copied to the host)
