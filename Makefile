@@ -6,15 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean distclean
+.PHONY: venv demo test lint clean distclean lab
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-# torch is pinned: this exact version installs the CPU build from local wheels; a bare
-# `torch` (or a newer range) would pull a multi-GB CUDA build. The editable install also
+# torch is pinned, from PyTorch's CPU wheel index: the CPU build on any machine (a bare
+# `torch` from PyPI is the multi-GB CUDA build on Linux); where pip is set up with local
+# wheels (find-links), the same CPU wheel comes from disk. The editable install also
 # copies the `rpcnb` kernelspec into $(VENV)/share/jupyter/kernels (pyproject's shared-data),
 # where the venv's jupyter finds it; a changed kernelspec reinstalls.
 $(STAMP): pyproject.toml $(wildcard kernelspec/*)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install torch==2.13.0 --index-url $(TORCH_INDEX)
 	$(BIN)/pip install -e '.[test]'
 	touch $@
 
@@ -22,6 +24,11 @@ $(STAMP): pyproject.toml $(wildcard kernelspec/*)
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
+
+# JupyterLab on the tutorials, with rpcnb and its kernels installed (LAB_ARGS: more flags,
+# e.g. LAB_ARGS="--no-browser --port 8899").
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
 CHROMIUM := /usr/bin/chromium
 .PHONY: chromium

@@ -35,6 +35,48 @@ CALL_TIMEOUT = (
     "The remote cell on {name!r} did not finish within {timeout:g} s and was interrupted; "
     "raise --timeout if it needs longer."
 )
+CALL_TIMEOUT_RUNNING = (
+    "The remote cell on {name!r} did not finish within {timeout:g} s and did not stop "
+    "{grace:g} s after it was interrupted: it is still running there (in code that does not "
+    "check for interrupts, such as one long C call). Cells sent to it wait behind it. "
+    "Wait for it, or %rpc_restart {first} to replace the worker (its namespace is lost)."
+)
+QUEUED_BEHIND = (
+    "rpcnb: this cell waits until the background cells running on {workers} end "
+    "(%rpc_jobs lists them; .cancel() on a handle stops one)."
+)
+BG_NOT_READY = (
+    "Background cell [{id}] has not ended after {timeout} s; .wait() or .result() without "
+    "a timeout waits until it does, .cancel() stops it."
+)
+CANCELLED = "The background cell was cancelled; the worker stopped it."
+CANCELLED_RUNNING = (
+    "The background cell was cancelled, but {name} did not stop it and is still running it; "
+    "%rpc_restart {name} replaces the worker (its namespace is lost)."
+)
+CHANGE_NOT_LEADER = (
+    "Only the group's first kernel ({leader}) starts and restarts workers: run this there."
+)
+RESTART_SELF = "{name!r} is this kernel: restart the kernel itself, then %rpc_init again."
+RESTART_NOT_OURS = (
+    "{name!r} is a kernel that joined the group, not a worker rpcnb started: restart that "
+    "kernel and run its %rpc_init --join line again."
+)
+RESTARTED = (
+    "rpcnb: {name} was {was} (pid {old}); a fresh process (pid {new}) now runs under the "
+    "same name, GPUs and device map. Its namespace starts empty: run the cells that set it "
+    "up again."
+)
+RREFS_LOST = (
+    "The RRefs {name} owned are lost; in this notebook: {names}."
+)
+ADD_COUNT = "--add takes how many workers to start (1 or more), not {n!r}."
+ADD_WITH_DEVICE_MAPS = (
+    "This group has device maps, which torch fixes when each member starts: the members "
+    "already running could not send CUDA tensors to an added worker. Start the group again "
+    "with the workers you need (%rpc_shutdown, then %rpc_init --workers N)."
+)
+ADDED = "rpcnb: added {n} worker(s): {names}."
 START_FAILED = "Worker {name!r} failed to start ({how}). Its log ends with:\n{log}"
 START_TIMEOUT = (
     "Worker {name!r} did not join within {timeout:g} s; it was stopped. Its log ends with:\n{log}"

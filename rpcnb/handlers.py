@@ -85,6 +85,11 @@ def member_died(s: Session, name: str, how: str) -> None:
     s.mark_dead(name, how)
 
 
+def member_back(s: Session, name: str) -> None:
+    """The leader started ``name`` again (``%rpc_restart``)."""
+    s.revive(name)
+
+
 def drop_member(s: Session, info: Any) -> None:
     """The leader removes a dead member from torch's group: drop it here too."""
     _torch.drop_locally(info)
@@ -139,6 +144,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "registry": registry,
     "shm_full": shm_full,
     "member_died": member_died,
+    "member_back": member_back,
     "drop_member": drop_member,
     "leave": leave_now,
     "describe_self": describe_self,

@@ -21,6 +21,11 @@ JOIN_NO_GPUS = (
     "--gpus picks GPUs for the workers the group's first kernel starts; a joining kernel "
     "uses what it sees (set CUDA_VISIBLE_DEVICES before starting it)."
 )
+ADD_ALONE = "--add N goes alone (or with --gpus for the added workers): %rpc_init --add 2."
+BG_STARTED = (
+    "rpcnb: background cell [{id}] on {workers} started; its output comes here. "
+    "{name}.result() when it ends, {name}.cancel() to stop it, %rpc_jobs lists them."
+)
 BAD_OUTPUT_NAME = "-o {name!r} is not a valid Python variable name."
 
 # Options of the remote magics that take a value (for splitting the line form).
@@ -45,6 +50,8 @@ def _remote_args(func: Any) -> Any:
         argument("--push", default=None, help="send these notebook variables first: a,b"),
         argument("--timeout", type=float, default=None,
                  help="interrupt the cell after this many seconds"),
+        argument("--bg", action="store_true",
+                 help="return at once with a handle; the output keeps coming into this cell"),
     ]):
         func = deco(func)
     return func
@@ -148,12 +155,16 @@ class RpcMagics(Magics):
               help="accept a --host that other machines can reach")
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
+    @argument("--add", type=int, default=None, metavar="N",
+              help="in a running group: start N more workers (with --gpus: their GPUs)")
     @line_magic
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
         from rpcnb import session
 
         args = parse_init_line(line)
+        if args.add is not None:
+            return self._add(args, line)
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
@@ -196,6 +207,38 @@ class RpcMagics(Magics):
         if note:
             print(note)
 
+    def _add(self, args: Any, line: str) -> None:
+        """%rpc_init --add N [--gpus SPEC]: nothing else goes with it."""
+        from rpcnb import session
+
+        others = [f for f in ("workers", "name", "join", "timeout", "threads", "channels",
+                              "transports", "device_map", "token", "port", "host")
+                  if getattr(args, f) not in (None, 0)]
+        if others or args.allow_remote or args.no_shm:
+            raise UsageError(ADD_ALONE)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        try:
+            print(session.add_workers(args.add, gpus=args.gpus))
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("name", help="the worker to replace, e.g. worker1")
+    @line_magic
+    def rpc_restart(self, line: str) -> None:
+        """Replace a dead or stuck worker with a fresh process (same name, GPUs, device
+        map); its namespace starts empty and the RRefs it owned are lost."""
+        args = _parse(self.rpc_restart, line)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import session
+
+        try:
+            print(session.restart(args.name.strip()))
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
+
     @no_var_expand
     @_remote_args
     @line_cell_magic
@@ -218,14 +261,18 @@ class RpcMagics(Magics):
                 raise UsageError(PUSH_MISSING.format(name=name))
             push[name] = user_ns[name]
         target = state.ALL if args.all else args.target
+        run = session.run_bg if args.bg else session.run
         try:
-            result = session.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
+            result = run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
         except (errors.WorkerDiedError, errors.RemoteError):
             raise  # they show the worker and what happened there
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         if args.output:
             user_ns[args.output] = result
+            if args.bg:
+                print(BG_STARTED.format(id=result.id, workers=", ".join(result.workers),
+                                        name=args.output))
             return None
         return result
 
@@ -238,6 +285,20 @@ class RpcMagics(Magics):
             raise UsageError("%rpc_workers takes no arguments.")
         try:
             return session.group()
+        except errors.RpcnbError as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--all", action="store_true", help="also the background cells that ended")
+    @line_magic
+    def rpc_jobs(self, line: str) -> Any:
+        """Background cells (%%remote --bg) of this kernel: id, workers, status, seconds."""
+        args = _parse(self.rpc_jobs, line)
+        from rpcnb import session
+        from rpcnb.cells.background import JobTable
+
+        try:
+            return JobTable(session.jobs(include_ended=args.all))
         except errors.RpcnbError as exc:
             raise UsageError(str(exc)) from None
 
@@ -267,7 +328,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_probe(self, line: str) -> Any:
         """Round-trip latency and bandwidth to each peer, 1 KB to 256 MB; kept in telemetry."""
-        args = parse_argstring(self.rpc_probe, line)
+        args = _parse(self.rpc_probe, line)
         if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
         from rpcnb import probe
@@ -286,7 +347,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_channels(self, line: str) -> Any:
         """The channel monitor: predicted paths, measured latency and bandwidth per pair."""
-        args = parse_argstring(self.rpc_channels, line)
+        args = _parse(self.rpc_channels, line)
         if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
         from rpcnb import channels
@@ -314,7 +375,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_devmap(self, line: str) -> Any:
         """The device-map editor; 'apply' keeps the map for the next %rpc_init / --join."""
-        args = parse_argstring(self.rpc_devmap, line)
+        args = _parse(self.rpc_devmap, line)
         topology: Any = None
         if args.topology is not None:
             topology = _device_map_spec(args.topology, self._user_ns())

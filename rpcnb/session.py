@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from rpcnb import _torch, errors, launch, leave, machine, options, rendezvous, roster, state
+from rpcnb.cells.background import jobs
+from rpcnb.cells.background import start as run_bg
 from rpcnb.cells.call import interrupt, run
 from rpcnb.errors import RpcnbError
 from rpcnb.state import ALL, Group, Member, Session, is_initialized
 from rpcnb.view import group
 
-__all__ = ["ALL", "Group", "group", "init", "interrupt", "is_initialized", "join", "run",
-           "shutdown"]
+__all__ = ["ALL", "Group", "add_workers", "group", "init", "interrupt", "is_initialized",
+           "jobs", "join", "restart", "run", "run_bg", "shutdown"]
 
 
 def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFAULT_THREADS,
@@ -190,6 +192,25 @@ def join(address: str, name: str, *, token: str | None = None,
     if lead is not None and lead.pid and lead.host == me.host:
         start.watch_in_background(s, deaths.watch_leader, lead.pid)
     return view
+
+
+def restart(name: str) -> Group:
+    """Replace worker ``name`` (dead, stuck or running) with a fresh process under the same
+    name, GPUs and device map, on the first kernel; prints what was lost (its namespace,
+    the RRefs it owned). A stuck process is killed first."""
+    from rpcnb import replace
+
+    print(replace.restart(name))
+    return group()
+
+
+def add_workers(n: int, gpus: str | None = None) -> Group:
+    """Start ``n`` more workers in the running group (on the first kernel); ``gpus`` as
+    for ``init``."""
+    from rpcnb import replace
+
+    print(replace.describe_added(replace.add_workers(n, gpus)))
+    return group()
 
 
 def shutdown(timeout: float = 10.0) -> None:

@@ -182,28 +182,44 @@ def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
                                    s.secret, env=wenv)
         with s.lock:
             s.procs[wname] = proc
+            s.specs[wname] = (wopts, wenv)
 
 
-def wait_ready(s: Session, timeout: float = START_TIMEOUT) -> None:
-    """On the leader: until every started worker has registered; a worker that exits
-    first fails the start at once, with its log."""
+def wait_ready(s: Session, timeout: float = START_TIMEOUT,
+               names: list[str] | None = None) -> None:
+    """On the leader: until every started worker (or each of ``names``) has registered,
+    showing each one's state as it goes (``progress.Board``); a worker that exits first
+    fails the start at once, with its log."""
+    from rpcnb import progress
+
     deadline = time.monotonic() + timeout
     with s.lock:
-        waiting = dict(s.procs)
-    while waiting:
-        for wname, w in list(waiting.items()):
-            with s.lock:
-                ready = wname in s.members
-            if ready:
-                del waiting[wname]
-            elif not w.alive():
-                raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
-                                                            log=w.log_tail()))
-            elif time.monotonic() > deadline:
-                raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
-                                                             log=w.log_tail()))
-        if waiting:
-            time.sleep(0.02)
+        waiting = {n: w for n, w in s.procs.items() if names is None or n in names}
+    board = progress.Board(f"rpcnb: starting {len(waiting)} worker(s)", list(waiting))
+    for wname, w in waiting.items():
+        board.set(wname, f"starting (pid {w.pid})")
+    t0 = time.monotonic()
+    try:
+        while waiting:
+            for wname, w in list(waiting.items()):
+                with s.lock:
+                    ready = wname in s.members
+                if ready:
+                    del waiting[wname]
+                    board.set(wname, "ready")
+                elif not w.alive():
+                    board.set(wname, f"failed: {w.how_died()}")
+                    raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
+                                                                log=w.log_tail()))
+                elif time.monotonic() > deadline:
+                    board.set(wname, "did not start in time")
+                    raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
+                                                                 log=w.log_tail()))
+            if waiting:
+                time.sleep(0.02)
+    finally:
+        board.close(f"rpcnb: {len(board.rows)} worker(s) started in "
+                    f"{time.monotonic() - t0:.1f} s")
 
 
 def watch_in_background(s: Session, target: Any, *args: Any) -> None:

@@ -113,9 +113,13 @@ class Session:
         self.store_server: Any = None  # that store's server; dropped when the group ends
         self.lock = threading.RLock()
         self.procs: dict[str, launch.LocalWorker] = {}  # workers this process started
+        # how each of them was started (options, environment): %rpc_restart starts it again
+        self.specs: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
         self.members: dict[str, Member] = {}  # admitted members (they know the secret)
         self.dead: dict[str, str] = {}  # name -> how it died or left; names are not reused
         self.calls: dict[str, Any] = {}  # call id -> a remote cell this process waits for
+        self.background: dict[int, Any] = {}  # id -> a background cell this process sent
+        self.jobs_started = 0  # background cells sent so far (their ids count up)
         self.facts: dict[str, dict[str, Any]] = {}  # name -> channel facts it reported
         self.parked: dict[str, Any] = {}  # values waiting to be wrapped in an RRef
         self.closing = False
@@ -152,6 +156,13 @@ class Session:
             waiting = [c for c in self.calls.values() if c.worker == name]
         for call in waiting:
             call.inbox.put(("__dead__", name, -1, []))
+
+    def revive(self, name: str) -> None:
+        """``name`` is back (a fresh process under the same name, ``%rpc_restart``): calls
+        to it are sent again once it is admitted."""
+        with self.lock:
+            self.dead.pop(name, None)
+            self.members.pop(name, None)
 
     def death_message(self, name: str) -> str:
         """What a call to the dead member ``name`` says (with its log's end, if ours)."""

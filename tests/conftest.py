@@ -36,6 +36,7 @@ class Output:
     events: list[tuple[float, str, Any]] = field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0
+    msg_id: str = ""
 
     @property
     def text(self) -> str:
@@ -61,11 +62,26 @@ class Kernel:
         self.kc.wait_for_ready(timeout=60)
         self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
         self.known: set[int] = {self.pid}
+        self.stray: list[dict[str, Any]] = []  # iopub messages of earlier cells, kept
+
+    def later(self, msg_id: str, until: Any = None, timeout: float = 30) -> list[dict[str, Any]]:
+        """Messages of the cell ``msg_id`` that came after it finished (a background cell
+        prints into the cell that started it), reading until ``until(messages)`` or
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            mine = [m for m in self.stray if m["parent_header"].get("msg_id") == msg_id]
+            if until is None or until(mine) or time.monotonic() > deadline:
+                return mine
+            try:
+                self.stray.append(self.kc.get_iopub_msg(timeout=0.1))
+            except Empty:
+                pass
 
     def execute(self, code: str, timeout: float = 120, allow_error: bool = False,
                 interrupt_after: float | None = None) -> Output:
         out = Output(started=time.monotonic())
-        msg_id = self.kc.execute(code)
+        msg_id = out.msg_id = self.kc.execute(code)
         deadline = time.monotonic() + timeout
         interrupted = False
         while True:
@@ -82,6 +98,8 @@ class Kernel:
             except Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
+                if msg["msg_type"] != "status":
+                    self.stray.append(msg)
                 continue
             kind, content = msg["msg_type"], msg["content"]
             now = time.monotonic()

@@ -46,7 +46,7 @@ def test_device_map_is_checked_before_anything_starts(kernel):
     before = set(children_of(kernel.pid))
     t0 = time.monotonic()
     bad = kernel.execute(f"%rpc_init --workers 1 --device-map 1_0_{gpus}", allow_error=True)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15  # torch's own check: a minute (importing torch is most of this)
     if gpus == 0:
         assert "this machine has no CUDA devices" in bad.traceback
     else:
