@@ -6,9 +6,10 @@
    ``<build>/notebooks/`` (``scripts/tutorials.py``: nbclient, kernel ``python3``, which
    jupyter_client starts with this interpreter; any process of the kernel's that
    outlives it is killed by pid), and so is every notebook with ``--execute``.
-2. Stages ``docs/`` (without ``_build``) in ``<build>/src`` with the notebooks under
-   ``tutorials/``: the executed copies, or with ``--no-execute`` the stored ones, which
-   have no outputs (what ``tests/test_docs.py`` builds, quickly). A notebook's links to
+   With ``--no-execute`` no kernel starts: a missing or stale copy is replaced by the
+   stored notebook, which has no outputs (what ``tests/test_docs.py`` builds, quickly).
+2. Stages ``docs/`` (without ``_build``) in ``<build>/src`` with those notebooks under
+   ``tutorials/``. A notebook's links to
    ``../docs/X.md`` become ``../X.md``, where the site has those pages.
 3. Runs ``sphinx-build -W --keep-going -E`` on the staged tree into ``<build>/html``.
    myst-nb renders the notebooks as they are (``nb_execution_mode = "off"`` in conf.py).
@@ -66,37 +67,39 @@ def sphinx(src: Path, out: Path, doctrees: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--no-execute", action="store_true",
-                        help="render the notebooks as stored (no outputs); no kernel starts")
-    parser.add_argument("--execute", action="store_true",
-                        help="execute every notebook, also those with a current copy in "
-                        "notebooks/executed/")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--no-execute", action="store_true",
+                      help="start no kernel: a notebook without a current executed copy is "
+                      "rendered as stored (no outputs)")
+    mode.add_argument("--execute", action="store_true",
+                      help="execute every notebook, also those with a current copy in "
+                      "notebooks/executed/")
     parser.add_argument("--build-dir", type=Path, default=DOCS / "_build",
                         help="where src/, notebooks/, doctrees/ and html/ go (docs/_build)")
     args = parser.parse_args(argv)
     build = args.build_dir.resolve()
     started = time.monotonic()
 
-    if args.no_execute:
-        rendered = sources()
-    else:
-        rendered = []
-        for path in sources():
-            why = None if args.execute else stale(path)
-            if not args.execute and why is None:
-                rendered.append(EXECUTED / path.name)
-                continue
-            if why:
-                print(f"docs: {why}", flush=True)
-            dest = build / "notebooks" / path.name
-            print(f"executing {path.relative_to(ROOT)} ...", flush=True)
-            try:
-                seconds = execute(path, dest)
-            except RuntimeError as exc:
-                print(f"docs: {exc}", file=sys.stderr)
-                return 1
-            print(f"  {seconds:.1f} s -> {dest}", flush=True)
-            rendered.append(dest)
+    rendered = []
+    for path in sources():
+        why = None if args.execute else stale(path)
+        if not args.execute and why is None:
+            rendered.append(EXECUTED / path.name)
+            continue
+        if why:
+            print(f"docs: {why}", flush=True)
+        if args.no_execute:
+            rendered.append(path)
+            continue
+        dest = build / "notebooks" / path.name
+        print(f"executing {path.relative_to(ROOT)} ...", flush=True)
+        try:
+            seconds = execute(path, dest)
+        except RuntimeError as exc:
+            print(f"docs: {exc}", file=sys.stderr)
+            return 1
+        print(f"  {seconds:.1f} s -> {dest}", flush=True)
+        rendered.append(dest)
 
     stage(build / "src", rendered)
     print(f"sphinx-build -W: {build / 'src'} -> {build / 'html'}", flush=True)
