@@ -56,7 +56,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf notebooks/executed build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
@@ -72,9 +72,17 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick --out bench/results/quick.json
 
-# The documentation site (docs/, Sphinx + MyST + myst-nb): executes the tutorial notebooks
-# into docs/_build/notebooks, then sphinx-build -W (warnings are errors) into
-# docs/_build/html. The docs packages are in the test extra, so $(STAMP) installs them.
+# The executed tutorials, with outputs and figures, in notebooks/executed/ (committed: the
+# repository browser renders them, the docs publish them); rerun and commit after changing
+# a notebook. `make tutorials TUTORIALS=06_pipeline` runs only that one.
+.PHONY: tutorials
+tutorials: $(STAMP)
+	$(BIN)/python scripts/tutorials.py $(TUTORIALS)
+
+# The documentation site (docs/, Sphinx + MyST + myst-nb): the tutorials from
+# notebooks/executed/ (a stale or missing copy is executed afresh into docs/_build/notebooks),
+# then sphinx-build -W (warnings are errors) into docs/_build/html. The docs packages are in
+# the test extra, so $(STAMP) installs them.
 .PHONY: docs
 docs: $(STAMP)
 	$(BIN)/python scripts/build_docs.py

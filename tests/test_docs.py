@@ -1,12 +1,13 @@
 """The documentation site builds with Sphinx, warnings as errors, and has its key pages.
 
-Runs ``scripts/build_docs.py --no-execute`` (what ``make docs`` runs, minus executing the
-tutorials, which tests/test_notebooks.py does) into a temporary directory, so the
-repository's docs/_build is left alone.
+Runs ``scripts/build_docs.py --no-execute`` (what ``make docs`` runs, with the committed
+executed tutorials of notebooks/executed/ and no kernel: tests/test_notebooks.py runs the
+notebooks) into a temporary directory, so the repository's docs/_build is left alone.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+FIGURES = {"03_parameter_server": 1, "04_a3c": 1, "05_federated_averaging": 1,
+           "06_pipeline": 1, "07_channels_and_device_maps": 1}  # as in test_notebooks.py
 BUILD_TIMEOUT = 240  # seconds; about 10 s on the reference machine
 
 
@@ -70,6 +73,15 @@ def test_every_notebook_is_a_tutorial_page(site: Path, path: Path) -> None:
     html = _page(site, f"tutorials/{path.stem}.html")
     assert "rpc_shutdown" in html  # the code cells are rendered, down to the last one
     assert f"tutorials/{path.stem}.html" in _page(site, "tutorials.html")
+
+
+@pytest.mark.parametrize("stem", FIGURES, ids=list(FIGURES))
+def test_tutorial_pages_show_outputs_and_figures(site: Path, stem: str) -> None:
+    # the committed executed copy is published (a stale one fails tests/test_notebooks.py)
+    html = _page(site, f"tutorials/{stem}.html")
+    assert "rpcnb: left the group" in html, f"{stem}: the page shows no outputs"
+    images = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"', html)
+    assert len(images) == FIGURES[stem], f"{stem}: {len(images)} figures on the page"
 
 
 def test_screenshots_are_shipped(site: Path) -> None:
