@@ -61,6 +61,35 @@ NOT_PICKLABLE = (
     "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
     "Leave out --fetch to keep it remote as an RRef."
 )
+INTERFACE_NEEDS_FLAG = (
+    "--interface {iface} is not loopback: anyone who reaches it can run code in this group "
+    "(TensorPipe does not authenticate); add --allow-remote to accept that."
+)
+
+# The headless worker (python -m rpcnb.worker --join ...)
+TOKEN_ON_COMMAND_LINE = (
+    "The token must not be on the command line (ps shows it to every user of this machine): "
+    "use --token-file PATH (mode 0600: the token, or the group's connection.json) or "
+    "--token - with the token on stdin."
+)
+TOKEN_NEEDED = (
+    "Joining {addr} needs the group's token: --token-file PATH (mode 0600) or --token - "
+    "with the token on stdin."
+)
+TOKEN_STDIN_EMPTY = "--token -: stdin gave no token; pipe it in, e.g. --token - < token-file."
+TOKEN_FILE_UNREADABLE = "Cannot read the token from {path!r}: {reason}."
+TOKEN_FILE_OPEN = (
+    "The token file {path!r} may be read by others (mode {mode}) or is not yours: "
+    "chmod 600 it (and start a new group if others could read it)."
+)
+HEADLESS_NO_NAME = (
+    "Give this worker a --name: none of {variables} is set, so there is no launcher rank "
+    "to name it from."
+)
+HEADLESS_LEADER_GONE = (
+    "rpcnb.worker: {leader}, the group's first kernel, has not answered for {seconds:g} s; "
+    "this worker leaves the group and exits."
+)
 
 
 class RpcnbError(RuntimeError):

@@ -29,7 +29,7 @@ class Member:
     rank: int
     host: str = ""
     pid: int | None = None
-    kind: str = "process"  # "process" (started by rpcnb) or "kernel"
+    kind: str = "process"  # "process" (started by rpcnb), "kernel", "engine" or "headless"
     devices: list[str] = field(default_factory=list)
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES, when rpcnb gave it some (--gpus)
     alive: bool = True
@@ -37,6 +37,7 @@ class Member:
     calls: int = 0
     recent_ms: float | None = None
     memory: dict[str, int] = field(default_factory=dict)  # rss, shm (bytes)
+    address: str = ""  # where its TensorPipe listens: "ADDR (IFACE)"
 
 
 @dataclass
@@ -56,12 +57,12 @@ class Group:
 
     def table(self) -> str:
         """The members as a plain-text table."""
-        rows = [("name", "rank", "host", "pid", "kind", "devices", "alive", "calls", "recent",
-                 "memory")]
+        rows = [("name", "rank", "host", "address", "pid", "kind", "devices", "alive", "calls",
+                 "recent", "memory")]
         for m in self.members:
             rows.append((
                 m.name + (" (this kernel)" if m.name == self.me else ""),
-                str(m.rank), m.host, str(m.pid or "-"), m.kind,
+                str(m.rank), m.host, m.address or "-", str(m.pid or "-"), m.kind,
                 (",".join(m.devices) or "cpu") + (f" (GPU {m.gpus})" if m.gpus else ""),
                 "yes" if m.alive else f"no: {m.how}",
                 str(m.calls),
