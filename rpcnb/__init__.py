@@ -4,7 +4,8 @@
 torch is imported when a group starts. Every magic has a plain function here:
 ``init`` (``%rpc_init``), ``join`` (``%rpc_init --join``), ``run`` (``%%remote``),
 ``group`` (``%rpc_workers``), ``interrupt`` and ``shutdown`` (``%rpc_shutdown``).
-They are ``rpcnb.session``'s, loaded on first use.
+They are ``rpcnb.session``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
+makes the engines of a running ipyparallel cluster members (``rpcnb.cluster``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDi
 from rpcnb.state import ALL, Group
 
 if TYPE_CHECKING:
+    from rpcnb.cluster import attach
     from rpcnb.session import group, init, interrupt, join, run, shutdown
 
 __version__ = "0.1.0"
@@ -25,6 +27,7 @@ __all__ = [
     "RemoteError",
     "RpcnbError",
     "WorkerDiedError",
+    "attach",
     "group",
     "init",
     "interrupt",
@@ -46,6 +49,13 @@ def __getattr__(name: str) -> Any:
         from rpcnb import session
 
         return getattr(session, name)
+    if name == "attach":  # ipyparallel engines as members (rpcnb.cluster)
+        from rpcnb import launch
+
+        launch.apply_quiet_env()
+        from rpcnb.cluster import attach
+
+        return attach
     raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
 
 

@@ -91,6 +91,41 @@ HEADLESS_LEADER_GONE = (
     "this worker leaves the group and exits."
 )
 
+# ipyparallel engines as members (rpcnb.cluster)
+NEEDS_IPYPARALLEL = (
+    "Engines as members need ipyparallel: pip install 'rpcnb[cluster]' (or ipyparallel), "
+    "then restart the kernel."
+)
+BAD_ENGINES = "--engines must be a whole number of engines, 1 or more, not {engines!r}."
+BAD_LAUNCHER = "--launcher {launcher!r} is not one of ipyparallel's launchers: choose from {known}."
+BAD_CLUSTER_ARGS = (
+    "--cluster-args: {item!r} is not an ipyparallel setting ({reason}): write key=value "
+    "items, e.g. profile_dir=/tmp/p 'MPILauncher.mpi_args=[\"--oversubscribe\"]'."
+)
+BAD_ATTACH = (
+    "rpcnb.attach takes an ipyparallel Cluster, a Client, or a profile name or cluster id, "
+    "not a {what}."
+)
+ATTACH_NOT_FOUND = (
+    "No running ipyparallel cluster {where!r}: give a cluster id from `ipcluster list`, "
+    "PROFILE:CLUSTER_ID, a profile name or a profile directory, and check the cluster runs."
+)
+CLUSTER_FAILED = "ipyparallel could not start the engines with the {launcher} launcher: {reason}"
+NO_ENGINES = "The ipyparallel cluster has no engines to make members: start some first."
+ENGINES_ELSEWHERE = (
+    "Engines run on other hosts ({hosts}), which cannot reach a group that meets on this "
+    "host only: add --port PORT --host ADDRESS --allow-remote with an address of this "
+    "host on the network they share (see docs/clusters.md)."
+)
+ENGINE_FAILED = "Engine {engine} could not join the group as {name}: {reason}"
+ENGINE_TIMEOUT = "Engine {engine} did not join the group as {name} within {timeout:g} s."
+ENGINES_AND_WORKERS = (
+    "--engines and --workers do not go together: the engines are the workers "
+    "(worker1..workerN)."
+)
+NO_CLUSTER = "This group has no ipyparallel engines: start it with %rpc_init --engines N or --attach."
+LAUNCHER_NEEDS_ENGINES = "--launcher and --cluster-args go with --engines N."
+
 
 class RpcnbError(RuntimeError):
     """A problem rpcnb can name: bad input, a missing group, a dead worker."""

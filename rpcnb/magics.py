@@ -148,6 +148,19 @@ class RpcMagics(Magics):
               help="accept a --host that other machines can reach")
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
+    @argument("--engines", type=int, default=None, metavar="N",
+              help="start an ipyparallel cluster of N engines; they become worker1..workerN")
+    @argument("--launcher", default=None,
+              help="with --engines: ipyparallel's launcher (local, mpi, ssh, slurm, pbs, lsf)")
+    @argument("--cluster-args", default=None, metavar="ARGS",
+              help="with --engines: ipyparallel settings as key=value items, e.g. "
+                   "\"profile_dir=/tmp/p MPILauncher.mpi_args=['--oversubscribe']\"")
+    @argument("--attach", default=None, metavar="CLUSTER",
+              help="make the engines of a running ipyparallel cluster members (its id, "
+                   "PROFILE:ID, a profile name or a profile directory)")
+    @argument("--interface", default=None,
+              help="the network interface TensorPipe listens on (default: the one that "
+                   "owns --host, or that reaches the group's host)")
     @line_magic
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
@@ -164,6 +177,14 @@ class RpcMagics(Magics):
         if args.timeout is not None:
             kwargs["timeout"] = args.timeout
         try:
+            clustered = args.engines is not None or args.attach is not None
+            if (args.launcher or args.cluster_args) and args.engines is None:
+                raise UsageError(errors.LAUNCHER_NEEDS_ENGINES)
+            if clustered and (args.join or args.workers):
+                raise UsageError(errors.ENGINES_AND_WORKERS if args.workers else
+                                 "--engines/--attach start a group; --join joins one.")
+            if args.engines is not None and args.attach is not None:
+                raise UsageError("Give --engines N (a new cluster) or --attach CLUSTER, not both.")
             if args.join:
                 if not args.name:
                     raise UsageError(JOIN_NEEDS_NAME)
@@ -176,19 +197,31 @@ class RpcMagics(Magics):
                 if args.gpus is not None:
                     raise UsageError(JOIN_NO_GPUS)
                 group = session.join(args.join, args.name, token=args.token,
-                                     shm=not args.no_shm, **kwargs)
+                                     shm=not args.no_shm, interface=args.interface, **kwargs)
             else:
                 if args.token:
                     raise UsageError("--token goes with --join; a new group makes its own.")
                 if args.host and args.port is None:
                     raise UsageError("--host goes with --port: the address the group listens on.")
                 if args.gpus is not None:
+                    if clustered:
+                        raise UsageError("--gpus is for --workers; engines use what they see.")
                     kwargs["gpus"] = args.gpus
-                group = session.init(args.workers, name=args.name or "worker0",
-                                     channels=_csv(args.channels),
-                                     transports=_csv(args.transports), shm=not args.no_shm,
-                                     port=args.port, host=args.host or "127.0.0.1",
-                                     allow_remote=args.allow_remote, **kwargs)
+                kwargs.update(name=args.name or "worker0", channels=_csv(args.channels),
+                              transports=_csv(args.transports), shm=not args.no_shm,
+                              port=args.port, host=args.host or "127.0.0.1",
+                              allow_remote=args.allow_remote, interface=args.interface)
+                if args.engines is not None:
+                    from rpcnb import cluster
+
+                    group = cluster.start(args.engines, args.launcher or "local",
+                                          args.cluster_args, **kwargs)
+                elif args.attach is not None:
+                    from rpcnb import cluster
+
+                    group = cluster.attach(args.attach, **kwargs)
+                else:
+                    group = session.init(args.workers, **kwargs)
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         print(group)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,10 @@ class Session:
         self.closing = False
         self.shm_warned = False  # the group's one warning about a full /dev/shm was given
         self.watcher: threading.Thread | None = None
+        # the ipyparallel cluster whose engines are members (rpcnb.cluster): client,
+        # cluster, whether this group started it, engine id by member name
+        self.cluster: dict[str, Any] | None = None
+        self.after_close: list[Callable[[], None]] = []  # run once the group has ended
         # environment variables this group changed, with the values to put back
         self.restore_env: dict[str, str | None] = {}
 
