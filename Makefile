@@ -36,8 +36,22 @@ chromium:
 	  fi; \
 	fi
 
+# Debian's Open MPI for ipyparallel's MPI launcher (tests/test_cluster.py; mpi4py is in
+# the test extra) and iproute2 (ip netns, ss) for the two-host test: installed when missing
+# if we are root with apt-get; otherwise those tests skip and say why.
+.PHONY: cluster-deps
+cluster-deps:
+	@if ! command -v mpiexec >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 \
+	    || ! command -v ss >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update && apt-get install -y openmpi-bin iproute2; \
+	  else \
+	    echo "openmpi-bin/iproute2 are missing and cannot be installed here (needs root and apt-get)"; \
+	  fi; \
+	fi
+
 # pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
-test: $(STAMP) chromium
+test: $(STAMP) chromium cluster-deps
 	$(BIN)/python -m pytest -x -q tests
 
 # ruff and mypy are not in the test extra; install them on demand. lint-imports checks the

@@ -56,21 +56,45 @@ def parse_cluster_args(text: str | dict[str, Any] | None) -> tuple[dict[str, Any
 
 
 def _items(text: str) -> list[tuple[str, Any]]:
+    # split on blanks outside quotes and keep the quotes, so that a value such as
+    # ['--oversubscribe'] reaches literal_eval whole; a quoted item loses its quotes
+    words = _split(text)
+    if len(words) == 1 and _unquote(words[0]) != words[0]:  # IPython keeps "..." of a magic's line
+        words = _split(_unquote(words[0]))
     out = []
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ValueError(errors.BAD_CLUSTER_ARGS.format(item=text, reason=exc)) from None
     for word in words:
+        word = _unquote(word)
         key, eq, raw = word.partition("=")
         if not eq or not key or not all(part.isidentifier() for part in key.split(".")):
             raise ValueError(errors.BAD_CLUSTER_ARGS.format(item=word, reason="not key=value"))
-        try:
-            value: Any = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        out.append((key, value))
+        out.append((key, _literal(raw)))
     return out
+
+
+def _split(text: str) -> list[str]:
+    lexer = shlex.shlex(text, posix=False)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError as exc:
+        raise ValueError(errors.BAD_CLUSTER_ARGS.format(item=text, reason=exc)) from None
+
+
+def _unquote(word: str) -> str:
+    if len(word) >= 2 and word[0] == word[-1] and word[0] in "'\"":
+        return word[1:-1]
+    return word
+
+
+def _literal(raw: str) -> Any:
+    """A Python literal where ``raw`` is one (``3``, ``['-x']``, ``'a b'``), else the text."""
+    for text in (raw, _unquote(raw)):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            continue
+    return _unquote(raw)
 
 
 def _ipyparallel() -> Any:

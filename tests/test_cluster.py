@@ -130,6 +130,20 @@ def test_attach_leaves_the_engines_running(kernel, outside_cluster):
     kernel.execute("%rpc_shutdown")
 
 
+def test_cluster_args_reach_ipyparallel_as_written():
+    from rpcnb.cluster import parse_cluster_args
+
+    # as IPython hands over a magic's line: the double quotes stay on the value
+    line = "\"profile_dir=/tmp/p n=3 MPILauncher.mpi_args=['--allow-run-as-root','--oversubscribe']\""
+    assert parse_cluster_args(line) == (
+        {"profile_dir": "/tmp/p", "n": 3},
+        {"MPILauncher": {"mpi_args": ["--allow-run-as-root", "--oversubscribe"]}})
+    assert parse_cluster_args("'profile_dir=/tmp/a b' controller_ip=10.0.0.1") == (
+        {"profile_dir": "/tmp/a b", "controller_ip": "10.0.0.1"}, {})
+    with pytest.raises(ValueError, match="is not an ipyparallel setting"):
+        parse_cluster_args("profile_dir")
+
+
 def test_bad_cluster_lines_say_what_to_do(kernel):
     kernel.execute("%load_ext rpcnb")
     for line, message in [
