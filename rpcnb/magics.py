@@ -313,6 +313,27 @@ class RpcMagics(Magics):
             raise UsageError(str(exc)) from None
 
     @magic_arguments()
+    @argument("--json", action="store_true", help="print the findings as JSON, for scripts")
+    @line_magic
+    def rpc_doctor(self, line: str) -> None:
+        """Check every member (/dev/shm, ptrace scope, container, CUDA, InfiniBand, RDMA
+        fork safety, interfaces, versions, clocks, the token's file) and say what to do."""
+        args = parse_argstring(self.rpc_doctor, line)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import doctor
+        try:
+            found = doctor.check()
+        except errors.RpcnbError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            import json
+
+            print(json.dumps(doctor.to_json(found), indent=1))
+        else:
+            print(doctor.describe(found))
+
+    @magic_arguments()
     @argument("--interval", type=float, default=0.5,
               help="seconds between updates at most (default 0.5)")
     @argument("--text", action="store_true", help="print the predicted channels, no widget")
