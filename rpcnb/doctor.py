@@ -104,7 +104,7 @@ def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
     may carry ``skew_s``, ``address`` and ``kind`` added by ``check``)."""
     out: list[Finding] = []
     for name, r in reports.items():
-        add = lambda check, level, detail, todo="": out.append(  # noqa: E731
+        add = lambda check, level, detail, todo="", name=name: out.append(  # noqa: E731
             Finding(name, check, level, detail, todo))
         if r["shm_total"] < 0:
             add("/dev/shm", "warn", "no /dev/shm", "mount a tmpfs on /dev/shm, or use --no-shm")
