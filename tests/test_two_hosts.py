@@ -173,3 +173,75 @@ def test_members_on_two_hosts(kernel, netns, tmp_path):
                 p.wait(5)
         left = [p for p in ns_pids(ns) if pid_alive(p)]
         kill_all(left)
+
+
+def test_engines_on_the_other_host_attach(kernel, netns, tmp_path):
+    """A cluster the user runs across the two hosts: ipyparallel's controller here on the
+    veth address, two engines on the other host (ipengine with the controller's engine
+    file, as a user's ssh or batch script would start them)."""
+    import ipyparallel as ipp
+
+    ns, here, there = netns["ns"], netns["here"], netns["there"]
+    addr_a = subprocess.run(["ip", "-4", "-o", "addr", "show", here], capture_output=True,
+                            text=True).stdout.split()[3].split("/")[0]
+    addr_b = addr_a.rsplit(".", 1)[0] + "." + str(int(addr_a.rsplit(".", 1)[1]) + 1)
+    profile = tmp_path / "profile"
+    cluster = ipp.Cluster(n=0, profile_dir=str(profile), controller_ip=addr_a, log_level=40)
+    engines: list[subprocess.Popen] = []
+    ours: list[int] = []
+    try:
+        cluster.start_controller_sync()
+        ours += [cluster.controller.process.pid] if getattr(cluster.controller, "process", None) \
+            else []
+        engine_file = profile / "security" / f"ipcontroller-{cluster.cluster_id}-engine.json"
+        deadline = time.monotonic() + 30
+        while not engine_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+        for i in range(2):
+            with open(tmp_path / f"engine{i}.log", "wb") as f:
+                engines.append(subprocess.Popen(
+                    in_ns(ns, sys.executable, "-m", "ipyparallel.engine",
+                          f"--file={engine_file}", "--log-level=40"),
+                    stdout=f, stderr=subprocess.STDOUT, env=env))
+        rc = cluster.connect_client_sync()
+        rc.wait_for_engines(2, timeout=90)
+        engine_pids = rc[:].apply_sync(os.getpid)
+        assert set(engine_pids) <= set(ns_pids(ns))
+        rc.close()
+
+        where = f"{profile}:{cluster.cluster_id}"
+        kernel.execute("%load_ext rpcnb")
+        # a group on loopback cannot take engines on another host: it says what to add
+        out = kernel.execute(f"%rpc_init --attach {where}", allow_error=True)
+        assert "Engines run on other hosts" in out.traceback and "--allow-remote" in out.traceback
+        assert all(p.poll() is None for p in engines)
+
+        kernel.execute(f"%rpc_init --attach {where} --port 0 --host {addr_a} --allow-remote")
+        table = kernel.execute("%rpc_workers").text
+        rows = {line.split()[0]: line for line in table.splitlines() if line.startswith("worker")}
+        for name in ("worker1", "worker2"):
+            assert f"{addr_b} ({there})" in rows[name] and " engine " in rows[name], table
+        members = worker_pids(kernel)
+        assert sorted([members["worker1"], members["worker2"]]) == sorted(engine_pids)
+
+        # %%remote runs in the engine's namespace, the one ipyparallel's client sees
+        kernel.execute("import torch\nx = torch.ones(100_000)")
+        kernel.execute("%%remote worker2 --push x\ny = x * 5")
+        kernel.execute("import rpcnb.cluster\nrc = rpcnb.cluster.client()")
+        assert kernel.value("float(rc[1].pull('y', block=True).sum())") == 500000.0
+        assert kernel.execute("%%remote worker1 --fetch\nfloat(__import__('torch')"
+                              ".full((4,), 2.5).sum())").text == "10.0"
+        kernel.execute("%rpc_shutdown")
+        # the user's engines run on, out of the group
+        assert all(p.poll() is None for p in engines)
+    finally:
+        for p in engines:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        kill_all([p for p in ns_pids(ns) if pid_alive(p)] + [p for p in ours if pid_alive(p)])
