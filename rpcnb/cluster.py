@@ -236,9 +236,12 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
         options = {"threads": int(s.options.get("threads", 16)),
                    "timeout": float(s.options.get("timeout", 60.0)),
                    "shm": bool(s.options.get("shm", True))}
-        interface = init_kwargs.get("interface")
+        # --interface names this host's interface; an engine elsewhere finds its own,
+        # the one that reaches the group's address
+        interface = {eid: None if eid in elsewhere else init_kwargs.get("interface")
+                     for eid in ids}
         pending = {eid: client[eid].apply_async(_join_engine, join_at[eid], names[eid],
-                                                s.secret, options, interface)
+                                                s.secret, options, interface[eid])
                    for eid in ids}
         _wait(pending, names, timeout)
         with s.lock:
