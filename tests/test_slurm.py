@@ -186,9 +186,13 @@ def test_the_docs_sbatch_script_joins_headless_workers(slurm, kernel_factory, tm
 def test_slurm_launcher_engines_are_a_group(slurm, kernel_factory, tmp_path):
     kernel = kernel_factory(env=dict(slurm, PYTHONPATH=str(ROOT)))
     kernel.execute("%load_ext rpcnb")
+    batch = tmp_path / "engines.sbatch"  # ipyparallel writes it in the cwd otherwise
     out = kernel.execute(f"%rpc_init --engines 2 --launcher slurm --cluster-args "
-                         f"'profile_dir={tmp_path / 'profile'}'", timeout=240)
+                         f"\"profile_dir={tmp_path / 'profile'} "
+                         f"SlurmEngineSetLauncher.batch_file_name={batch}\"", timeout=240)
     assert out.stdout.count(" engine ") == 2, out.stdout
+    script = batch.read_text()  # the batch script ipyparallel generated and submitted
+    assert "#SBATCH --ntasks=2" in script and "\nsrun " in script, script
     jobs = kernel.execute("%%remote --all --fetch\nimport os\nos.environ.get('SLURM_JOB_ID')").text
     assert "None" not in jobs, jobs
     kernel.execute("%%remote worker2 -o r\nimport torch\ntorch.arange(3.) + 1")
