@@ -43,8 +43,24 @@ chromium:
 	  fi; \
 	fi
 
+# Debian's Open MPI for ipyparallel's MPI launcher (tests/test_cluster.py; mpi4py is in
+# the test extra), Slurm and munge for tests/test_slurm.py (which runs daemons of its own,
+# never the machine's) and iproute2 (ip netns, ss) for tests/test_two_hosts.py: installed
+# when missing if we are root with apt-get; otherwise those tests skip and say why.
+CLUSTER_TOOLS := mpiexec ip ss /usr/sbin/slurmd /usr/sbin/slurmctld /usr/sbin/munged srun
+.PHONY: cluster-deps
+cluster-deps:
+	@missing=; for t in $(CLUSTER_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update && apt-get install -y openmpi-bin iproute2 slurmd slurmctld slurm-client munge; \
+	  else \
+	    echo "openmpi-bin, iproute2, slurm or munge are missing and cannot be installed here (needs root and apt-get)"; \
+	  fi; \
+	fi
+
 # pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
-test: $(STAMP) chromium
+test: $(STAMP) chromium cluster-deps
 	$(BIN)/python -m pytest -x -q tests
 
 # ruff and mypy are not in the test extra; install them on demand. lint-imports checks the

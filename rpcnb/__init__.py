@@ -6,7 +6,8 @@ torch is imported when a group starts. Every magic has a plain function here:
 ``run_bg`` (``%%remote --bg``), ``jobs`` (``%rpc_jobs``), ``group`` (``%rpc_workers``),
 ``restart`` (``%rpc_restart``), ``add_workers`` (``%rpc_init --add``), ``interrupt`` and
 ``shutdown`` (``%rpc_shutdown``).
-They are ``rpcnb.session``'s, loaded on first use.
+They are ``rpcnb.session``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
+makes the engines of a running ipyparallel cluster members (``rpcnb.cluster``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDi
 from rpcnb.state import ALL, Group
 
 if TYPE_CHECKING:
+    from rpcnb.cluster import attach
     from rpcnb.session import (
         add_workers,
         group,
@@ -39,6 +41,7 @@ __all__ = [
     "RpcnbError",
     "WorkerDiedError",
     "add_workers",
+    "attach",
     "group",
     "init",
     "interrupt",
@@ -64,6 +67,13 @@ def __getattr__(name: str) -> Any:
         from rpcnb import session
 
         return getattr(session, name)
+    if name == "attach":  # ipyparallel engines as members (rpcnb.cluster)
+        from rpcnb import launch
+
+        launch.apply_quiet_env()
+        from rpcnb.cluster import attach
+
+        return attach
     raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
 
 

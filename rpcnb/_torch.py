@@ -112,6 +112,11 @@ def note_interface(used: str) -> None:
         _first_interface = used
 
 
+def first_interface() -> str | None:
+    """The TP_SOCKET_IFNAME this process's first agent listened on (None before one)."""
+    return _first_interface
+
+
 def drop_locally(info: Any) -> None:
     """Tell this process's agent that ``info`` (a WorkerInfo) left the group."""
     agent()._update_group_membership(info, [], {}, False)

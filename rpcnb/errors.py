@@ -103,6 +103,70 @@ NOT_PICKLABLE = (
     "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
     "Leave out --fetch to keep it remote as an RRef."
 )
+INTERFACE_NEEDS_FLAG = (
+    "--interface {iface} is not loopback: anyone who reaches it can run code in this group "
+    "(TensorPipe does not authenticate); add --allow-remote to accept that."
+)
+
+# The headless worker (python -m rpcnb.worker --join ...)
+TOKEN_ON_COMMAND_LINE = (
+    "The token must not be on the command line (ps shows it to every user of this machine): "
+    "use --token-file PATH (mode 0600: the token, or the group's connection.json) or "
+    "--token - with the token on stdin."
+)
+TOKEN_NEEDED = (
+    "Joining {addr} needs the group's token: --token-file PATH (mode 0600) or --token - "
+    "with the token on stdin."
+)
+TOKEN_STDIN_EMPTY = "--token -: stdin gave no token; pipe it in, e.g. --token - < token-file."
+TOKEN_FILE_UNREADABLE = "Cannot read the token from {path!r}: {reason}."
+TOKEN_FILE_OPEN = (
+    "The token file {path!r} may be read by others (mode {mode}) or is not yours: "
+    "chmod 600 it (and start a new group if others could read it)."
+)
+HEADLESS_NO_NAME = (
+    "Give this worker a --name: none of {variables} is set, so there is no launcher rank "
+    "to name it from."
+)
+HEADLESS_LEADER_GONE = (
+    "rpcnb.worker: {leader}, the group's first kernel, has not answered for {seconds:g} s; "
+    "this worker leaves the group and exits."
+)
+
+# ipyparallel engines as members (rpcnb.cluster)
+NEEDS_IPYPARALLEL = (
+    "Engines as members need ipyparallel: pip install 'rpcnb[cluster]' (or ipyparallel), "
+    "then restart the kernel."
+)
+BAD_ENGINES = "--engines must be a whole number of engines, 1 or more, not {engines!r}."
+BAD_LAUNCHER = "--launcher {launcher!r} is not one of ipyparallel's launchers: choose from {known}."
+BAD_CLUSTER_ARGS = (
+    "--cluster-args: {item!r} is not an ipyparallel setting ({reason}): write key=value "
+    "items, e.g. profile_dir=/tmp/p 'MPILauncher.mpi_args=[\"--oversubscribe\"]'."
+)
+BAD_ATTACH = (
+    "rpcnb.attach takes an ipyparallel Cluster, a Client, or a profile name or cluster id, "
+    "not a {what}."
+)
+ATTACH_NOT_FOUND = (
+    "No running ipyparallel cluster {where!r}: give a cluster id from `ipcluster list`, "
+    "PROFILE:CLUSTER_ID, a profile name or a profile directory, and check the cluster runs."
+)
+CLUSTER_FAILED = "ipyparallel could not start the engines with the {launcher} launcher: {reason}"
+NO_ENGINES = "The ipyparallel cluster has no engines to make members: start some first."
+ENGINES_ELSEWHERE = (
+    "Engines run on other hosts ({hosts}), which cannot reach a group that meets on this "
+    "host only: add --port PORT --host ADDRESS --allow-remote with an address of this "
+    "host on the network they share (see docs/clusters.md)."
+)
+ENGINE_FAILED = "Engine {engine} could not join the group as {name}: {reason}"
+ENGINE_TIMEOUT = "Engine {engine} did not join the group as {name} within {timeout:g} s."
+ENGINES_AND_WORKERS = (
+    "--engines and --workers do not go together: the engines are the workers "
+    "(worker1..workerN)."
+)
+NO_CLUSTER = "This group has no ipyparallel engines: start it with %rpc_init --engines N or --attach."
+LAUNCHER_NEEDS_ENGINES = "--launcher and --cluster-args go with --engines N."
 
 
 class RpcnbError(RuntimeError):

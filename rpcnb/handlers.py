@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rpcnb import _torch, channels, leave, protocol, roster, serialize, start, telemetry, values
+from rpcnb import _torch, channels, doctor, leave, protocol, roster, serialize, start, telemetry, values
 from rpcnb.cells import call, output
 from rpcnb.cells.runner import Job
 from rpcnb.state import Session
@@ -121,6 +121,10 @@ def facts(s: Session) -> dict[str, Any]:
     return channels.local_facts()
 
 
+def doctor_report(s: Session) -> dict[str, Any]:
+    return doctor.local_report()
+
+
 def peer_stats(s: Session) -> dict[str, dict[str, Any]]:
     return telemetry.peer_stats()
 
@@ -150,6 +154,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "describe_self": describe_self,
     "describe_rref": describe_rref,
     "facts": facts,
+    "doctor": doctor_report,
     "peer_stats": peer_stats,
     "probe_echo": probe_echo,
     "probe_sink": probe_sink,

@@ -157,6 +157,19 @@ class RpcMagics(Magics):
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
     @argument("--add", type=int, default=None, metavar="N",
               help="in a running group: start N more workers (with --gpus: their GPUs)")
+    @argument("--engines", type=int, default=None, metavar="N",
+              help="start an ipyparallel cluster of N engines; they become worker1..workerN")
+    @argument("--launcher", default=None,
+              help="with --engines: ipyparallel's launcher (local, mpi, ssh, slurm, pbs, lsf)")
+    @argument("--cluster-args", default=None, metavar="ARGS",
+              help="with --engines: ipyparallel settings as key=value items, e.g. "
+                   "\"profile_dir=/tmp/p MPILauncher.mpi_args=['--oversubscribe']\"")
+    @argument("--attach", default=None, metavar="CLUSTER",
+              help="make the engines of a running ipyparallel cluster members (its id, "
+                   "PROFILE:ID, a profile name or a profile directory)")
+    @argument("--interface", default=None,
+              help="the network interface TensorPipe listens on (default: the one that "
+                   "owns --host, or that reaches the group's host)")
     @line_magic
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
@@ -175,6 +188,14 @@ class RpcMagics(Magics):
         if args.timeout is not None:
             kwargs["timeout"] = args.timeout
         try:
+            clustered = args.engines is not None or args.attach is not None
+            if (args.launcher or args.cluster_args) and args.engines is None:
+                raise UsageError(errors.LAUNCHER_NEEDS_ENGINES)
+            if clustered and (args.join or args.workers):
+                raise UsageError(errors.ENGINES_AND_WORKERS if args.workers else
+                                 "--engines/--attach start a group; --join joins one.")
+            if args.engines is not None and args.attach is not None:
+                raise UsageError("Give --engines N (a new cluster) or --attach CLUSTER, not both.")
             if args.join:
                 if not args.name:
                     raise UsageError(JOIN_NEEDS_NAME)
@@ -187,19 +208,31 @@ class RpcMagics(Magics):
                 if args.gpus is not None:
                     raise UsageError(JOIN_NO_GPUS)
                 group = session.join(args.join, args.name, token=args.token,
-                                     shm=not args.no_shm, **kwargs)
+                                     shm=not args.no_shm, interface=args.interface, **kwargs)
             else:
                 if args.token:
                     raise UsageError("--token goes with --join; a new group makes its own.")
                 if args.host and args.port is None:
                     raise UsageError("--host goes with --port: the address the group listens on.")
                 if args.gpus is not None:
+                    if clustered:
+                        raise UsageError("--gpus is for --workers; engines use what they see.")
                     kwargs["gpus"] = args.gpus
-                group = session.init(args.workers, name=args.name or "worker0",
-                                     channels=_csv(args.channels),
-                                     transports=_csv(args.transports), shm=not args.no_shm,
-                                     port=args.port, host=args.host or "127.0.0.1",
-                                     allow_remote=args.allow_remote, **kwargs)
+                kwargs.update(name=args.name or "worker0", channels=_csv(args.channels),
+                              transports=_csv(args.transports), shm=not args.no_shm,
+                              port=args.port, host=args.host or "127.0.0.1",
+                              allow_remote=args.allow_remote, interface=args.interface)
+                if args.engines is not None:
+                    from rpcnb import cluster
+
+                    group = cluster.start(args.engines, args.launcher or "local",
+                                          args.cluster_args, **kwargs)
+                elif args.attach is not None:
+                    from rpcnb import cluster
+
+                    group = cluster.attach(args.attach, **kwargs)
+                else:
+                    group = session.init(args.workers, **kwargs)
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         print(group)
@@ -212,7 +245,8 @@ class RpcMagics(Magics):
         from rpcnb import session
 
         others = [f for f in ("workers", "name", "join", "timeout", "threads", "channels",
-                              "transports", "device_map", "token", "port", "host")
+                              "transports", "device_map", "token", "port", "host", "engines",
+                              "launcher", "cluster_args", "attach", "interface")
                   if getattr(args, f) not in (None, 0)]
         if others or args.allow_remote or args.no_shm:
             raise UsageError(ADD_ALONE)
@@ -339,6 +373,27 @@ class RpcMagics(Magics):
                                tensorpipe_only=args.tensorpipe)
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--json", action="store_true", help="print the findings as JSON, for scripts")
+    @line_magic
+    def rpc_doctor(self, line: str) -> None:
+        """Check every member (/dev/shm, ptrace scope, container, CUDA, InfiniBand, RDMA
+        fork safety, interfaces, versions, clocks, the token's file) and say what to do."""
+        args = _parse(self.rpc_doctor, line)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import doctor
+        try:
+            found = doctor.check()
+        except errors.RpcnbError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            import json
+
+            print(json.dumps(doctor.to_json(found), indent=1))
+        else:
+            print(doctor.describe(found))
 
     @magic_arguments()
     @argument("--interval", type=float, default=0.5,

@@ -122,7 +122,9 @@ def self_info(s: Session) -> dict[str, Any]:
         "cells": runner.cells_run if runner is not None else 0,
         "torch": torch.__version__,
         "memory": view.memory_info(),
+        "address": view.listen_address(),
     }
+
 
 
 def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
@@ -141,12 +143,14 @@ def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
         for other, other_rank in admitted:
             s.members.setdefault(other, Member(other, other_rank))
         s.members[s.name] = Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
-                                   info["devices"], info["gpus"])
+                                   info["devices"], info["gpus"], address=info["address"])
     return list(admitted)
 
 
-def kernel_runner(name: str) -> CellRunner:
-    """A cell runner over this kernel's (or script's) own namespace, on its own thread."""
+def kernel_runner(name: str, kind: str = "kernel") -> CellRunner:
+    """A cell runner over this kernel's (or script's) own namespace, on its own thread.
+    ``kind`` is what %rpc_workers calls this member ("kernel", or "engine" for an
+    ipyparallel engine, whose namespace is the one ``%%px`` runs in)."""
     sh = shell()
     if sh is not None:
         ns = sh.user_ns
@@ -155,9 +159,61 @@ def kernel_runner(name: str) -> CellRunner:
 
         ns = __main__.__dict__
     runner = CellRunner(name, ns, sh)
+    runner.kind_name = kind
     install_routing(sh)
     runner.start_thread()
     return runner
+
+
+def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
+                token: str | None = None, device_map: Any = None,
+                interface: str | None = None) -> Session:
+    """Make this process member ``name`` of the group at ``address`` (a connection file,
+    its directory or file:// store, or tcp://HOST:PORT with ``token``), its remote cells
+    run by ``runner``; registered with the leader when this returns (RpcnbError when the
+    leader refused it). Everything that can be checked is checked before anything is
+    claimed. Across hosts TensorPipe listens on ``interface`` (default: the one that
+    reaches the group's host)."""
+    launch.apply_quiet_env()
+    if state.is_initialized():
+        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
+    options.check_name(name)
+    mine = machine.cuda_devices()
+    if device_map is not None and not (isinstance(device_map, str)
+                                       and device_map.strip().lower() == "auto"):
+        options.check_device_map(device_map, name, local_devices=mine)  # before any I/O
+    conn = rendezvous.read_connection(address, token)
+    env: dict[str, str] = {}
+    if interface:
+        env["TP_SOCKET_IFNAME"] = machine.check_interface_name(interface)
+    if conn.is_tcp:
+        host, _, port = conn.address[len("tcp://"):].rpartition(":")
+        if not machine.is_loopback(host.strip("[]")):
+            opts["one_host"] = False
+            env.setdefault("TP_SOCKET_IFNAME", machine.interface_towards(host.strip("[]"), int(port)))
+    _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
+    store = rendezvous.open_store(conn.address)
+    leader = rendezvous.check_group(store, conn.secret, address)
+    mapped = options.join_device_map(name, device_map, mine, roster.published(store))
+    if mapped:
+        opts["device_map"] = mapped
+    roster.claim_name(store, name)
+    fixed = roster.fixed_rank()
+    if fixed is None:
+        rank = roster.next_rank(store)
+    elif not roster.claim_rank(store, fixed):
+        raise RpcnbError(errors.RANK_FIXED.format(rank=fixed))
+    else:
+        rank = fixed
+    roster.publish(store, name, mine, mapped)
+    s = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
+                     secret=conn.secret, env=env)
+    if register(s) is None:
+        # refused (the wrong secret): leave torch's group the way any member leaves, so
+        # nobody waits for this one later
+        leave.leave_group(timeout=5)
+        raise RpcnbError(rendezvous.REFUSED.format(leader=leader))
+    return s
 
 
 def launch_workers(s: Session, names: list[str], opts: dict[str, Any],

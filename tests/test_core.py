@@ -328,10 +328,12 @@ def test_rpc_workers_table(group):
     group.execute("%%remote worker1\n1")
     text = group.execute("%rpc_workers").text
     header = text.splitlines()[1].split()
-    assert header[:6] == ["name", "rank", "host", "pid", "kind", "devices"]
+    assert header[:7] == ["name", "rank", "host", "address", "pid", "kind", "devices"]
     assert "alive" in header and "calls" in header and "recent" in header
     rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[2:5]}
     assert rows["worker1"][1] == "1" and rows["worker2"][1] == "2"
+    # where each member's TensorPipe listens: loopback, named with its interface
+    assert all("127.0.0.1 (lo)" in " ".join(row) for row in rows.values()), text
     assert "process" in rows["worker1"] and "kernel" in rows["worker0"]
 
 

@@ -45,7 +45,7 @@ def _page(site: Path, name: str) -> str:
                                   "magics.html", "channels.html", "architecture.html",
                                   "benchmarks.html", "security.html", "load.html", "troubleshooting.html",
                                   "tutorials.html", "api.html", "existing-code.html",
-                                  "settings.html"])
+                                  "settings.html", "clusters.html"])
 def test_page_exists(site: Path, name: str) -> None:
     _page(site, name)
 
@@ -55,7 +55,8 @@ def test_api_reference_documents_the_public_functions(site: Path) -> None:
     for name in ("rpcnb.init", "rpcnb.join", "rpcnb.run", "rpcnb.shutdown",
                  "rpcnb.cells.call.run", "rpcnb.errors.RemoteError",
                  "rpcnb.devicemap.DeviceMap", "rpcnb.channels.predict_group",
-                 "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary"):
+                 "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary",
+                 "rpcnb.cluster.attach", "rpcnb.doctor.check"):
         assert f'id="{name}"' in html, f"{name} is missing from the API reference"
     assert "as a cell and wait for it" in html  # rpcnb.run's docstring
 
@@ -64,7 +65,7 @@ def test_magics_guide_covers_every_magic(site: Path) -> None:
     html = _page(site, "magics.html")
     for magic in ("%rpc_init", "%%remote", "%rpc_workers", "%rpc_shutdown", "%rpc_probe",
                   "%rpc_channels", "%rpc_devmap", "%rpc_jobs", "%rpc_restart", "--bg",
-                  "--add"):
+                  "--add", "%rpc_doctor"):
         assert magic in html, f"{magic} is missing from the magics guide"
 
 

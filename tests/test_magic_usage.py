@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 MAGICS = {
     "rpc_init": ("line", ["--workers", "--name", "--join", "--timeout", "--threads",
                           "--channels", "--transports", "--device-map", "--gpus", "--token",
-                          "--port", "--host", "--add"], ["--allow-remote", "--no-shm"],
-                 ["--workers", "--timeout", "--threads", "--port", "--add"]),
+                          "--port", "--host", "--add", "--engines", "--launcher",
+                          "--cluster-args", "--attach", "--interface"],
+                 ["--allow-remote", "--no-shm"],
+                 ["--workers", "--timeout", "--threads", "--port", "--add", "--engines"]),
     "remote": ("cell", ["-o", "--push", "--timeout"], ["--all", "--fetch", "--bg"],
                ["--timeout"]),
     "remote ": ("line", ["-o", "--push", "--timeout"], ["--all", "--fetch", "--bg"],
@@ -27,6 +29,7 @@ MAGICS = {
     "rpc_devmap": ("line", ["--topology", "--name"], [], []),
     "rpc_jobs": ("line", [], ["--all"], []),
     "rpc_restart": ("line", [], [], []),
+    "rpc_doctor": ("line", [], ["--json"], []),
 }
 
 WORD = st.text(alphabet="abcxyz019_.,:", min_size=1, max_size=6)

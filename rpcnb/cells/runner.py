@@ -65,6 +65,7 @@ class CellRunner:
         self.shell = shell
         self.cells_run = 0
         self.on_main = False  # a worker process's runner owns the main thread
+        self.kind_name: str | None = None  # what %rpc_workers calls it, when not the default
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._current: Job | None = None
@@ -74,7 +75,10 @@ class CellRunner:
 
     @property
     def kind(self) -> str:
-        """"process" for a worker process rpcnb started, "kernel" for a kernel."""
+        """"process" for a worker process rpcnb started, "kernel" for a kernel, or what
+        ``kind_name`` says ("engine", "headless")."""
+        if self.kind_name:
+            return self.kind_name
         return "process" if self.on_main else "kernel"
 
     # -- called from RPC threads
