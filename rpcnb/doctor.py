@@ -36,20 +36,12 @@ class Finding:
     todo: str = ""
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _container() -> str:
     """Why this process looks like it runs in a container ('' when it does not)."""
     why = [path for path in CONTAINER_FILES if os.path.exists(path)]
     if os.environ.get("container"):
         why.append(f"container={os.environ['container']}")
-    cgroup = _read("/proc/1/cgroup") or ""
+    cgroup = machine.read_file("/proc/1/cgroup") or ""
     why += [f"/proc/1/cgroup mentions {word}"
             for word in ("docker", "kubepods", "containerd", "libpod") if word in cgroup]
     return ", ".join(why)
@@ -64,7 +56,7 @@ def _ib_ports() -> dict[str, list[str]]:
             ports = sorted(os.listdir(base))
         except OSError:
             ports = []
-        out[dev] = [f"{p}: {_read(f'{base}/{p}/state') or '?'}" for p in ports]
+        out[dev] = [f"{p}: {machine.read_file(f'{base}/{p}/state') or '?'}" for p in ports]
     return out
 
 
@@ -75,7 +67,7 @@ def local_report() -> dict[str, Any]:
         shm_total, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
     except OSError:
         shm_total = shm_free = -1
-    scope = _read("/proc/sys/kernel/yama/ptrace_scope")
+    scope = machine.read_file("/proc/sys/kernel/yama/ptrace_scope")
     torch = sys.modules.get("torch")
     cuda_init = bool(torch is not None and torch.cuda.is_initialized())
     s = state.active()

@@ -250,7 +250,8 @@ class Facts:
         return asdict(self)
 
 
-def _read(path: str) -> str | None:
+def read_file(path: str) -> str | None:
+    """A small file's text, stripped (``/proc``, ``/sys``), or None if it cannot be read."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -315,7 +316,7 @@ def _memfd_works() -> bool:
 
 
 def _cap_permitted() -> str:
-    for line in (_read("/proc/self/status") or "").splitlines():
+    for line in (read_file("/proc/self/status") or "").splitlines():
         if line.startswith("CapPrm:"):
             return line.split()[1]
     return ""
@@ -360,13 +361,13 @@ def process_facts() -> dict[str, Any]:
     if _facts is None:
         import torch
 
-        scope = _read("/proc/sys/kernel/yama/ptrace_scope")
-        lsm = _read("/sys/kernel/security/lsm")
+        scope = read_file("/proc/sys/kernel/yama/ptrace_scope")
+        lsm = read_file("/sys/kernel/security/lsm")
         built, devices, p2p = _cuda_facts()
         ib = ib_devices()
         _facts = Facts(
             name="", host=socket.gethostname(), pid=os.getpid(),
-            boot_id=_read("/proc/sys/kernel/random/boot_id") or "",
+            boot_id=read_file("/proc/sys/kernel/random/boot_id") or "",
             net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
             uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
             cap_permitted=_cap_permitted(),
