@@ -11,12 +11,13 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 # torch is pinned, from PyTorch's CPU wheel index: the CPU build on any machine (a bare
 # `torch` from PyPI is the multi-GB CUDA build on Linux); where pip is set up with local
-# wheels (find-links), the same CPU wheel comes from disk. The editable install also
+# wheels (find-links), the same CPU wheel comes from disk (one retry each where the index
+# cannot be reached: pip then takes what the local sources have). The editable install also
 # copies the `rpcnb` kernelspec into $(VENV)/share/jupyter/kernels (pyproject's shared-data),
 # where the venv's jupyter finds it; a changed kernelspec reinstalls.
 $(STAMP): pyproject.toml $(wildcard kernelspec/*)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install torch==2.13.0 --index-url $(TORCH_INDEX)
+	$(BIN)/pip install --retries 1 torch==2.13.0 --index-url $(TORCH_INDEX)
 	$(BIN)/pip install -e '.[test]'
 	touch $@
 
