@@ -73,7 +73,7 @@ def test_cancel_stops_a_running_cell_and_drops_a_queued_one(group):
     group.execute("%%remote worker1 --bg -o h\n" + LOOP.format(n=1000, pause=0.1, value=1))
     group.execute("%%remote worker1 --bg -o queued\nnever = True")
     time.sleep(1.0)
-    assert group.value("(h.cancel(), queued.cancel())") == (True, True)
+    assert group.value("(queued.cancel(), h.cancel())") == (True, True)
     assert group.value("(h.wait(10), queued.wait(10))") == (True, True)
     assert group.value("(h.status, queued.status)") == ("cancelled", "cancelled")
     err = group.execute("h.result()", allow_error=True)

@@ -65,6 +65,11 @@ class BackgroundCell:
         if self._done.is_set():
             return False
         self._cancel.set()
+        s = state.active()
+        if self._sent is not None and s is not None:
+            # at once, not at the following thread's next look: a cell queued behind one
+            # that is ending could start (and run) in between
+            self._sent.interrupt(s)
         return True
 
     def wait_interactive(self, interval: float = PROGRESS_INTERVAL,

@@ -101,6 +101,7 @@ class Sent:
     timeout: float | None = None
     late: list[str] = field(default_factory=list)  # still running when the wait gave up
     transfers: progress.Transfers = field(default_factory=progress.Transfers)
+    interrupted: bool = False
 
     def forget(self, s: Session) -> None:
         """Stop routing output to these calls, and keep their timings."""
@@ -110,6 +111,20 @@ class Sent:
         elapsed = time.perf_counter() - self.t0
         for call in self.calls.values():
             telemetry.record(call.worker, "cell", self.start, elapsed, ok=call.error is None)
+
+    def interrupt(self, s: Session) -> None:
+        """Interrupt the cell on every worker still running it (or drop it from their
+        queues); once, whoever asks first (the waiting thread, or ``cancel()`` at once)."""
+        with s.lock:
+            if self.interrupted:
+                return
+            self.interrupted = True
+        for c in self.calls.values():
+            if not c.done and c.worker not in s.dead:
+                try:
+                    protocol.call_async(s.token, c.worker, "interrupt", c.call_id, timeout=5)
+                except Exception:
+                    pass
 
     def outcome(self, many: bool) -> Any:
         """The result (see ``run``), or the error to raise."""
@@ -233,12 +248,7 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
                 pass
 
     def interrupt_all() -> None:
-        for c in calls.values():
-            if not c.done and c.worker not in s.dead:
-                try:
-                    protocol.call_async(s.token, c.worker, "interrupt", c.call_id, timeout=5)
-                except Exception:
-                    pass
+        sent.interrupt(s)
 
     try:
         while True:
