@@ -286,6 +286,10 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
         if printer.large:  # printed and flushed: give the memory back (docs: load)
             machine.give_back_memory(min_interval=0)
     sent.late = [c.worker for c in calls.values() if not c.done]
+    if reason is None and cancel is not None and cancel.is_set() and any(
+            isinstance(c.error, RemoteError) and c.error.ename == "KeyboardInterrupt"
+            for c in calls.values()):
+        reason = Cancelled()  # cancel() interrupted it before this thread looked
     if isinstance(reason, KeyboardInterrupt):
         raise KeyboardInterrupt
     if isinstance(reason, Cancelled):
