@@ -139,6 +139,35 @@ class Kernel:
         kill_all(sorted(self.known))
 
 
+def wait_until(cond: Any, timeout: float = 5.0, poll: float = 0.05) -> bool:
+    """Whether ``cond()`` became true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(poll)
+    return bool(cond())
+
+
+def run_watched(cmd: list[str], timeout: float, poll: float = 0.1,
+                **popen: Any) -> tuple[int | None, Any, Any, set[int]]:
+    """Run ``cmd`` to its end (``timeout`` seconds at most), noting every process it
+    starts; all of them are stopped by pid afterwards, also on failure. Returns the exit
+    code, stdout, stderr and the pids seen (its own included)."""
+    proc = subprocess.Popen(cmd, **popen)
+    seen = {proc.pid}
+    try:
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen.update(children_of(proc.pid))
+            time.sleep(poll)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        seen.update(children_of(proc.pid))
+        kill_all(sorted(p for p in seen if pid_alive(p)))
+    return proc.returncode, out, err, seen
+
+
 @pytest.fixture
 def kernel_factory():
     started: list[Kernel] = []

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive
+from conftest import children_of, kill_all, pid_alive, wait_until
 
 import rpcnb
 from rpcnb import _torch, arrays, serialize, shm, values
@@ -75,15 +75,6 @@ def worker_shm_stats():
     from rpcnb import shm as s
 
     return s.stats()
-
-
-def wait_for(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +303,7 @@ def test_received_arrays_give_their_buffer_back_when_freed(api_group):
     time.sleep(0.2)
     assert rpc.rpc_sync("worker1", worker_shm_stats)["in_flight"] >= 1  # the view holds it
     del view
-    assert wait_for(lambda: rpc.rpc_sync("worker1", worker_shm_stats)["in_flight"] == 0)
+    assert wait_until(lambda: rpc.rpc_sync("worker1", worker_shm_stats)["in_flight"] == 0)
 
 
 def test_push_fetch_and_to_here_of_remote_cells(api_group):

@@ -12,7 +12,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import children_of, kill_all, listening_addresses, pid_alive, worker_pids
+from conftest import children_of, listening_addresses, pid_alive, run_watched, worker_pids
 
 # The PyTorch CUDA RPC recipe (shared/seeds/000_00ff677fa0ebadd3.txt), kept with the tests
 # so they do not depend on where shared/ lies.
@@ -386,19 +386,10 @@ def test_python_api_from_a_script(tmp_path):
         "rpcnb.shutdown()\n"
         "print('done')\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    seen: set[int] = {proc.pid}
-    try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen.update(children_of(proc.pid))
-            time.sleep(0.1)
-        stdout, stderr = proc.communicate(timeout=5)
-    finally:
-        seen.update(children_of(proc.pid))
-        kill_all(sorted(seen))
-    assert proc.returncode == 0, stderr
+    returncode, stdout, stderr, seen = run_watched(
+        [sys.executable, str(script)], timeout=120, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert returncode == 0, stderr
     assert len(seen) >= 3  # the script and its two workers
     assert stdout.splitlines() == [
         "['worker0', 'worker1', 'worker2']", "[2.0, 2.0, 2.0]",
