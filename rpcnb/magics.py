@@ -177,7 +177,7 @@ class RpcMagics(Magics):
 
         args = parse_init_line(line)
         if args.add is not None:
-            return self._add(args, line)
+            return self._add(args)
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
@@ -240,7 +240,7 @@ class RpcMagics(Magics):
         if note:
             print(note)
 
-    def _add(self, args: Any, line: str) -> None:
+    def _add(self, args: Any) -> None:
         """%rpc_init --add N [--gpus SPEC]: nothing else goes with it."""
         from rpcnb import session
 

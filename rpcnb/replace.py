@@ -43,7 +43,6 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
             raise RpcnbError(errors.RESTART_NOT_OURS.format(name=name))
         raise RpcnbError(errors.UNKNOWN_WORKER.format(name=name, known=", ".join(known)))
     old_pid = proc.pid
-    was = "alive"
     if proc.alive():
         was = "stuck" if proc.stopped() else "running"
         proc.proc.kill()  # a stuck process may ignore SIGTERM (or be stopped)

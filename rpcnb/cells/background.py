@@ -27,12 +27,12 @@ class BackgroundCell:
     ``result()``, ``cancel()``, ``wait_interactive()``; ``status`` says where it is."""
 
     def __init__(self, job_id: int, workers: list[str], source: str, many: bool,
-                 behind: dict[str, list[str]]) -> None:
+                 behind: dict[str, list[int]]) -> None:
         self.id = job_id
         self.workers = workers
         self.source = source
         self.many = many
-        self.behind = behind  # worker -> background cells it waits behind, when sent
+        self.behind = behind  # worker -> ids of the background cells it was sent behind
         self.started = time.monotonic()
         self.ended: float | None = None
         self._done = threading.Event()
@@ -115,9 +115,10 @@ class BackgroundCell:
                                       if self._error.late else "")
             return f"failed: {type(self._error).__name__}"
         waiting = []
-        jobs = _jobs_of_session()
+        s = state.active()
+        jobs = dict(s.background) if s is not None else {}
         for worker, ids in self.behind.items():
-            left = [i for i in ids if not jobs.get(int(i.strip("[]")), _ENDED).ready()]
+            left = [f"[{i}]" for i in ids if i in jobs and not jobs[i].ready()]
             if left and worker in self.pending_workers():
                 waiting.append(f"{', '.join(left)} on {worker}")
         if waiting:
@@ -151,19 +152,6 @@ class BackgroundCell:
             print(f"rpcnb: background cell [{self.id}] on {', '.join(self.workers)} ended: "
                   f"{type(self._error).__name__}: {self._error}", file=sys.stderr)
         _flush()
-
-
-class _Ended:
-    def ready(self) -> bool:
-        return True
-
-
-_ENDED = _Ended()
-
-
-def _jobs_of_session() -> dict[int, BackgroundCell]:
-    s = state.active()
-    return dict(s.background) if s is not None else {}
 
 
 def _flush() -> None:

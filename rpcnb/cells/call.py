@@ -56,7 +56,8 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     """
     s = state.current()
     names, many = prepare(s, target, source, timeout)
-    busy = [f"{w} ({', '.join(ids)})" for w, ids in background_on(s, names).items()]
+    busy = [f"{w} ({', '.join(f'[{i}]' for i in ids)})"
+            for w, ids in background_on(s, names).items()]
     if busy:
         print(errors.QUEUED_BEHIND.format(workers="; ".join(busy)), file=sys.stderr)
     sent = send(s, names, source, fetch, push)
@@ -77,16 +78,15 @@ def prepare(s: Session, target: str | Iterable[str] | None, source: str,
     return roster.resolve(s, target)
 
 
-def background_on(s: Session, names: list[str]) -> dict[str, list[str]]:
-    """Background cells still running (or queued) on each of ``names``: '[id]' labels."""
-    busy: dict[str, list[str]] = {}
+def background_on(s: Session, names: list[str]) -> dict[str, list[int]]:
+    """The ids of the background cells still running (or queued) on each of ``names``."""
+    busy: dict[str, list[int]] = {}
     with s.lock:
-        jobs = list(s.background.values())
+        jobs = [j for j in s.background.values() if not j.ready()]
     for job in jobs:
-        if not job.ready():
-            for w in job.pending_workers():
-                if w in names:
-                    busy.setdefault(w, []).append(f"[{job.id}]")
+        for w in job.pending_workers():
+            if w in names:
+                busy.setdefault(w, []).append(job.id)
     return busy
 
 
