@@ -6,15 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean distclean labextension
-
+.PHONY: venv demo test lint clean distclean lab labextension
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LABEXT := labextension
 LABEXT_SRC := $(addprefix $(LABEXT)/,package.json yarn.lock .yarnrc.yml tsconfig.json) \
 	$(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*)
 LABEXT_BUILT := $(LABEXT)/build/package.json
 
-# torch is pinned: this exact version installs the CPU build from local wheels; a bare
-# `torch` (or a newer range) would pull a multi-GB CUDA build. The editable install also
+# torch is pinned, from PyTorch's CPU wheel index: the CPU build on any machine (a bare
+# `torch` from PyPI is the multi-GB CUDA build on Linux); where pip is set up with local
+# wheels (find-links), the same CPU wheel comes from disk (one retry each where the index
+# cannot be reached: pip then takes what the local sources have). The editable install also
 # copies the `rpcnb` kernelspec into $(VENV)/share/jupyter/kernels (pyproject's shared-data),
 # where the venv's jupyter finds it; a changed kernelspec reinstalls.
 #
@@ -23,7 +25,7 @@ LABEXT_BUILT := $(LABEXT)/build/package.json
 # building it needs JupyterLab's jlpm and jupyter-builder, so JupyterLab comes first.
 $(STAMP): pyproject.toml $(wildcard kernelspec/*) $(LABEXT_SRC)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install --retries 1 torch==2.13.0 --index-url $(TORCH_INDEX)
 	$(BIN)/pip install 'jupyterlab>=4.6,<5'
 	$(MAKE) labextension
 	$(BIN)/pip install -e '.[test]'
@@ -45,6 +47,11 @@ $(LABEXT_BUILT): $(LABEXT_SRC)
 	cd $(LABEXT) && PATH="$(abspath $(BIN)):$$PATH" jlpm build:prod
 	touch $@
 
+# JupyterLab on the tutorials, with rpcnb and its kernels installed (LAB_ARGS: more flags,
+# e.g. LAB_ARGS="--no-browser --port 8899").
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+
 CHROMIUM := /usr/bin/chromium
 .PHONY: chromium
 # Debian's Chromium for tests/browser (never `playwright install`): installed when missing
@@ -58,8 +65,24 @@ chromium:
 	  fi; \
 	fi
 
+# Debian's Open MPI for ipyparallel's MPI launcher (tests/test_cluster.py; mpi4py is in
+# the test extra), Slurm and munge for tests/test_slurm.py (which runs daemons of its own,
+# never the machine's) and iproute2 (ip netns, ss) for tests/test_two_hosts.py: installed
+# when missing if we are root with apt-get; otherwise those tests skip and say why.
+CLUSTER_TOOLS := mpiexec ip ss /usr/sbin/slurmd /usr/sbin/slurmctld /usr/sbin/munged srun
+.PHONY: cluster-deps
+cluster-deps:
+	@missing=; for t in $(CLUSTER_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update && apt-get install -y openmpi-bin iproute2 slurmd slurmctld slurm-client munge; \
+	  else \
+	    echo "openmpi-bin, iproute2, slurm or munge are missing and cannot be installed here (needs root and apt-get)"; \
+	  fi; \
+	fi
+
 # pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
-test: $(STAMP) chromium
+test: $(STAMP) chromium cluster-deps
 	$(BIN)/python -m pytest -x -q tests
 
 # ruff and mypy are not in the test extra; install them on demand. lint-imports checks the
@@ -71,7 +94,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf notebooks/executed build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
@@ -87,9 +110,17 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick --out bench/results/quick.json
 
-# The documentation site (docs/, Sphinx + MyST + myst-nb): executes the tutorial notebooks
-# into docs/_build/notebooks, then sphinx-build -W (warnings are errors) into
-# docs/_build/html. The docs packages are in the test extra, so $(STAMP) installs them.
+# The executed tutorials, with outputs and figures, in notebooks/executed/ (committed: the
+# repository browser renders them, the docs publish them); rerun and commit after changing
+# a notebook. `make tutorials TUTORIALS=06_pipeline` runs only that one.
+.PHONY: tutorials
+tutorials: $(STAMP)
+	$(BIN)/python scripts/tutorials.py $(TUTORIALS)
+
+# The documentation site (docs/, Sphinx + MyST + myst-nb): the tutorials from
+# notebooks/executed/ (a stale or missing copy is executed afresh into docs/_build/notebooks),
+# then sphinx-build -W (warnings are errors) into docs/_build/html. The docs packages are in
+# the test extra, so $(STAMP) installs them.
 .PHONY: docs
 docs: $(STAMP)
 	$(BIN)/python scripts/build_docs.py

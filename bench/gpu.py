@@ -7,7 +7,11 @@
    then ``--fetch`` of the same tensor), raw ``rpc.rpc_sync`` of an identity function
    with the same device map, and staged through CPU (``.cpu()`` before sending, back to
    the GPU on arrival, as without a device map).
-2. The PyTorch CUDA RPC recipe's ``measure`` (two ``Linear(1000, 1000)`` shards,
+2. Where CuPy is installed, ``--push`` of a CuPy array of the same size to ``worker1``
+   (``rpcnb.run("worker1", "None", push={"a": a})``) against the same push of the CUDA
+   tensor, and against the CuPy array pickled (``rpcnb.arrays.set_enabled(False)``: as
+   torch RPC sends it without rpcnb, through the host), in turns.
+3. The PyTorch CUDA RPC recipe's ``measure`` (two ``Linear(1000, 1000)`` shards,
    distributed autograd, ten iterations) in ``comm_mode="cpu"`` and ``"cuda"``, its
    ``MyModule`` defined in ``__main__`` (shipped by value, as from a notebook cell).
 
@@ -36,6 +40,9 @@ TARGETS = {
     "rpcnb round trip within 1.5x of raw rpc_sync (same map)": ("rpcnb", "raw", 1.5),
     "rpcnb round trip at least 25x faster than CPU-staged": ("staged", "rpcnb", 25.0),
     "recipe: CUDA mode at least 4x faster than CPU mode": ("recipe cpu", "recipe cuda", 4.0),
+}
+CUPY_TARGET = {
+    "CuPy array --push within 1.5x of a CUDA tensor's": ("push cupy", "push tensor", 1.5),
 }
 
 
@@ -84,6 +91,46 @@ def recipe_classes() -> Any:
     return measure
 
 
+def cupy_pushes(t: Any, reps: int) -> dict[str, list[float]]:
+    """One-way pushes of ``t`` and of a CuPy array of the same size, in turns (none
+    without CuPy)."""
+    try:
+        import cupy
+    except ImportError:
+        print("CuPy is not installed: the CuPy push is not measured")
+        return {}
+    import torch
+
+    import rpcnb
+    from rpcnb import arrays
+
+    with cupy.cuda.Device(t.device.index):
+        a = cupy.random.random(t.numel(), dtype=cupy.float32)
+    ways = {"push tensor": (t, True), "push cupy": (a, True), "push cupy pickled": (a, False)}
+    samples: dict[str, list[float]] = {way: [] for way in ways}
+
+    def once(way: str) -> float:
+        value, enabled = ways[way]
+        arrays.set_enabled(enabled)
+        torch.cuda.synchronize(t.device)
+        t0 = time.perf_counter()
+        assert rpcnb.run("worker1", "None", push={"a": value}, fetch=True) is None
+        return time.perf_counter() - t0
+
+    try:
+        for way in ways:
+            once(way)  # warm-up
+        for _ in range(reps):
+            for way in ways:
+                samples[way].append(once(way))
+        kind = rpcnb.run("worker1", "(type(a).__module__, str(a.device))", push={"a": a},
+                         fetch=True)
+        assert kind[0] == "cupy", kind  # arrived as a CuPy array
+    finally:
+        arrays.set_enabled(True)
+    return samples
+
+
 def _median_ms(xs: list[float]) -> float:
     return statistics.median(xs) * 1e3
 
@@ -121,6 +168,7 @@ def run(size_mb: int, reps: int) -> dict[str, Any]:
         for _ in range(reps):
             for way, fn in ways.items():  # in turns
                 samples[way].append(timed(fn))
+        samples.update(cupy_pushes(t, reps))
         measure = recipe_classes()
         recipe = {"recipe cpu": [], "recipe cuda": []}
         for _ in range(3):
@@ -130,9 +178,10 @@ def run(size_mb: int, reps: int) -> dict[str, Any]:
         rpcnb.shutdown()
     medians = {k: _median_ms(v) for k, v in {**samples, **recipe}.items()}
     verdicts = {}
-    for name, (slow, fast, factor) in TARGETS.items():
+    targets = {**TARGETS, **(CUPY_TARGET if "push cupy" in medians else {})}
+    for name, (slow, fast, factor) in targets.items():
         ratio = medians[slow] / medians[fast]
-        ok = ratio <= factor if slow == "rpcnb" else ratio >= factor
+        ok = ratio <= factor if slow in ("rpcnb", "push cupy") else ratio >= factor
         verdicts[name] = {"ratio": ratio, "pass": ok}
     return {
         "machine": {"gpus": gpus, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -149,6 +198,13 @@ def table(result: dict[str, Any]) -> str:
         ("  rpcnb --push/--fetch", f"{m['rpcnb']:.2f} ms", ""),
         ("  raw rpc_sync, same map", f"{m['raw']:.2f} ms", f"rpcnb/raw {m['rpcnb'] / m['raw']:.2f}x"),
         ("  staged through CPU", f"{m['staged']:.2f} ms", f"staged/rpcnb {m['staged'] / m['rpcnb']:.1f}x"),
+        *([(f"{result['size_mb']} MB one-way --push", "", ""),
+           ("  CUDA tensor", f"{m['push tensor']:.2f} ms", ""),
+           ("  CuPy array", f"{m['push cupy']:.2f} ms",
+            f"cupy/tensor {m['push cupy'] / m['push tensor']:.2f}x"),
+           ("  CuPy array pickled", f"{m['push cupy pickled']:.2f} ms",
+            f"pickled/cupy {m['push cupy pickled'] / m['push cupy']:.1f}x")]
+          if "push cupy" in m else []),
         ("recipe, 10 iterations", "", ""),
         ("  comm_mode='cpu'", f"{m['recipe cpu']:.1f} ms", ""),
         ("  comm_mode='cuda'", f"{m['recipe cuda']:.1f} ms",

@@ -144,6 +144,15 @@ def _shm() -> Any:
     return shm
 
 
+def _arrays() -> Any:
+    """rpcnb's array path where this tree has it (an older tree: None)."""
+    try:
+        from rpcnb import arrays
+    except ImportError:
+        return None
+    return arrays if hasattr(arrays, "set_enabled") else None
+
+
 def _sent(shm: Any) -> int | None:
     if shm is None or not hasattr(shm, "stats"):
         return None
@@ -151,12 +160,16 @@ def _sent(shm: Any) -> int | None:
 
 
 def transfer(sizes_mb: list[int], reps: dict[str, int], warmup: int) -> dict[str, Any]:
-    """One-way CPU tensor to worker1: TensorPipe, rpcnb's shared-memory path, memcpy.
+    """One-way CPU tensor to worker1: TensorPipe, rpcnb's shared-memory path, memcpy, and
+    a NumPy array of the same size.
 
     The time is the round trip of ``rpc_sync("worker1", consume, args=(t,))``, which
     answers with ``t.numel()``. "tensorpipe" runs with rpcnb's shared-memory path off,
-    "rpcnb" with it on; "memcpy" is ``dst.copy_(t)`` into a preallocated tensor here,
-    back to back (the copy at its best), and "memcpy between calls" is the same copy
+    "rpcnb" with it on, "numpy" sends a NumPy array instead of the tensor (shared-memory
+    path on; ``consume_array`` answers with its size, or -1 if it did not arrive as a
+    NumPy array), "numpy pickled" the same array with rpcnb's array path off (pickled into
+    the message, as torch RPC does it without rpcnb); "memcpy" is ``dst.copy_(t)`` into a
+    preallocated tensor here, back to back (the copy at its best), and "memcpy between calls" is the same copy
     taking turns with the sends (as the shared-memory path's own copy does: torch's
     copy threads have gone to sleep and must be woken, which on a busy small machine
     can take longer than the copy). Whether the shared-memory path really carried a send
@@ -182,15 +195,20 @@ def transfer(sizes_mb: list[int], reps: dict[str, int], warmup: int) -> dict[str
 
 
 def _transfer_size(nbytes: int, n: int, warmup: int, shm: Any) -> dict[str, Any]:
+    import numpy
     import torch
     import torch.distributed.rpc as rpc
 
-    from bench.targets import consume
+    from bench.targets import consume, consume_array
 
     t = torch.ones(nbytes // 4, dtype=torch.float32)  # pages touched
+    array = numpy.ones(nbytes // 4, dtype=numpy.float32)  # memory of its own
     dst = torch.empty_like(t)
     dst.copy_(t)  # fault dst's pages in, as a reused buffer would be
-    modes = ["tensorpipe", "memcpy between calls"] + (["rpcnb"] if shm is not None else [])
+    modes = ["tensorpipe", "memcpy between calls"] + (["rpcnb", "numpy"] if shm is not None else [])
+    arrays = _arrays()
+    if arrays is not None:
+        modes.append("numpy pickled")
     samples: dict[str, list[float]] = {m: [] for m in modes}
     taken: dict[str, int] = {m: 0 for m in modes}
     perf = time.perf_counter
@@ -202,10 +220,15 @@ def _transfer_size(nbytes: int, n: int, warmup: int, shm: Any) -> dict[str, Any]
             dt = perf() - t0
         else:
             if shm is not None:
-                shm.set_enabled(mode == "rpcnb")
+                shm.set_enabled(mode in ("rpcnb", "numpy"))
+            if arrays is not None:
+                arrays.set_enabled(mode != "numpy pickled")
             before = _sent(shm)
             t0 = perf()
-            got = rpc.rpc_sync("worker1", consume, args=(t,))
+            if mode.startswith("numpy"):
+                got = rpc.rpc_sync("worker1", consume_array, args=(array,))
+            else:
+                got = rpc.rpc_sync("worker1", consume, args=(t,))
             dt = perf() - t0
             assert got == t.numel(), got
             after = _sent(shm)
@@ -221,6 +244,8 @@ def _transfer_size(nbytes: int, n: int, warmup: int, shm: Any) -> dict[str, Any]
         k = r % len(modes)
         for mode in modes[k:] + modes[:k]:
             once(mode, record=True)
+    if arrays is not None:
+        arrays.set_enabled(True)
     hot = []
     for _ in range(n):
         t0 = perf()

@@ -346,6 +346,28 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def arrays_table(xfer: dict[str, Any], target: Any, parts: list[str]) -> None:
+    """2b: a NumPy array of the same size, through rpcnb (as a tensor) and pickled."""
+    if not any("numpy" in size for size in xfer["sizes"].values()):
+        return
+    rows = [["2b. one-way NumPy array", "tensor (rpcnb) ms", "numpy ms", "numpy pickled ms",
+             "numpy/tensor", "pickled/numpy", "numpy via shm"]]
+    for mb, size in xfer["sizes"].items():
+        rn, _ = rpcnb_column(size, xfer["shm"])
+        npy, pk = _med(size.get("numpy")), _med(size.get("numpy pickled"))
+        sends = size.get("shm_sends") or {}
+        via = f"{sends.get('numpy', 0)}/{size['numpy']['n']}" if size.get("numpy") else "n/a"
+        rows.append([f"{mb} MB", "n/a" if rn is None else f"{rn:.3f}", _ms(size.get("numpy")),
+                     _ms(size.get("numpy pickled")), _ratio(npy, rn), _ratio(pk, npy), via])
+        if mb in ("100", "512"):
+            ok = None if npy is None or rn is None else npy <= 1.3 * rn
+            target(f"{mb} MB: numpy array <= 1.3x torch CPU tensor", None if ok is None else npy / rn,
+                   1.3, ok, "n/a" if ok is None else f"{npy / rn:.2f}x ({npy:.2f} vs {rn:.2f} ms)")
+    parts.append(_table(rows) + "\n(numpy: np.ones(n, float32) sent with rpc_sync(worker1, consume_array, "
+                 "args=(a,)), arriving as a NumPy array; pickled: the same with rpcnb.arrays off, its bytes "
+                 "in the pickle, as torch RPC sends it without rpcnb)")
+
+
 def rpcnb_column(size: dict[str, Any], shm: str) -> tuple[float | None, str]:
     """The rpcnb figure and what to print when there is none (never a stand-in figure)."""
     if shm == "missing":
@@ -430,6 +452,7 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
         parts.append(_table(rows) + "\n(MB = 2**20 bytes; GB/s = 1e9 bytes/s; time = round trip of "
                      "rpc_sync(worker1, consume, args=(t,)), which returns t.numel(); memcpy: dst.copy_(t) "
                      "back to back; 'between calls': the same copy taking turns with the sends)")
+        arrays_table(xfer, target, parts)
 
     fan = results.get("fanout", {})
     if fan:

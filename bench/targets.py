@@ -26,6 +26,13 @@ def consume(t: Any) -> int:
     return int(t.numel())
 
 
+def consume_array(a: Any) -> int:
+    """``consume`` for a NumPy array: its size, or -1 if it arrived as something else."""
+    import numpy
+
+    return int(a.size) if type(a) is numpy.ndarray else -1
+
+
 def uses_torch() -> Any:
     """A function that refers to a package: shipped by reference, since it is importable."""
     return torch.float32

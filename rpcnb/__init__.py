@@ -3,8 +3,11 @@
 ``%load_ext rpcnb`` registers the magics and the RRef display and imports nothing heavy;
 torch is imported when a group starts. Every magic has a plain function here:
 ``init`` (``%rpc_init``), ``join`` (``%rpc_init --join``), ``run`` (``%%remote``),
-``group`` (``%rpc_workers``), ``interrupt`` and ``shutdown`` (``%rpc_shutdown``).
-They are ``rpcnb.session``'s, loaded on first use.
+``run_bg`` (``%%remote --bg``), ``jobs`` (``%rpc_jobs``), ``group`` (``%rpc_workers``),
+``restart`` (``%rpc_restart``), ``add_workers`` (``%rpc_init --add``), ``interrupt`` and
+``shutdown`` (``%rpc_shutdown``).
+They are ``rpcnb.session``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
+makes the engines of a running ipyparallel cluster members (``rpcnb.cluster``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,19 @@ from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDi
 from rpcnb.state import ALL, Group
 
 if TYPE_CHECKING:
-    from rpcnb.session import group, init, interrupt, join, run, shutdown
+    from rpcnb.cluster import attach
+    from rpcnb.session import (
+        add_workers,
+        group,
+        init,
+        interrupt,
+        jobs,
+        join,
+        restart,
+        run,
+        run_bg,
+        shutdown,
+    )
 
 __version__ = "0.1.0"
 __all__ = [
@@ -25,16 +40,22 @@ __all__ = [
     "RemoteError",
     "RpcnbError",
     "WorkerDiedError",
+    "add_workers",
+    "attach",
     "group",
     "init",
     "interrupt",
+    "jobs",
     "join",
     "load_ipython_extension",
+    "restart",
     "run",
+    "run_bg",
     "shutdown",
 ]
 
-_API = ("group", "init", "interrupt", "join", "run", "shutdown")
+_API = ("add_workers", "group", "init", "interrupt", "jobs", "join", "restart", "run", "run_bg",
+        "shutdown")
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +67,13 @@ def __getattr__(name: str) -> Any:
         from rpcnb import session
 
         return getattr(session, name)
+    if name == "attach":  # ipyparallel engines as members (rpcnb.cluster)
+        from rpcnb import launch
+
+        launch.apply_quiet_env()
+        from rpcnb.cluster import attach
+
+        return attach
     raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
 
 

@@ -55,6 +55,18 @@ def device_maps() -> dict[str, dict[str, str]]:
     return {peer: {str(a): str(b) for a, b in m.items()} for peer, m in maps.items()}
 
 
+def cuda_routes() -> tuple[dict[str, dict[str, str]], set[str]]:
+    """This process's device maps and its devices (what a reply may hold), as strings;
+    empty when no agent is running (torch 2.11, 2.13)."""
+    try:
+        options = agent()._get_backend_options()
+    except Exception:  # no agent: nothing to send CUDA tensors over
+        return {}, set()
+    maps = {peer: {str(a): str(b) for a, b in m.items()}
+            for peer, m in options.device_maps.items()}
+    return maps, {str(d) for d in options.devices}
+
+
 def reset_init_counter() -> None:
     """Every rpcnb group has a fresh store, so the n-th init in a process must use the
     first prefix again (torch 2.11, 2.13: ``rpc._init_counter``)."""
@@ -98,6 +110,11 @@ def note_interface(used: str) -> None:
     global _first_interface
     if _first_interface is None:
         _first_interface = used
+
+
+def first_interface() -> str | None:
+    """The TP_SOCKET_IFNAME this process's first agent listened on (None before one)."""
+    return _first_interface
 
 
 def drop_locally(info: Any) -> None:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from typing import Any
 
-from rpcnb import launch, leave, roster, shm, state
+from rpcnb import launch, leave, protocol, roster, shm, state
 from rpcnb.state import Session
 
 POLL = 0.2  # seconds between looks
+PING_EVERY = 1.0  # seconds between the pings of a member on another host
+SILENT_S = 10.0  # a member on another host that answers nothing this long is dead
+JOINED = ("kernel", "engine", "headless")  # members that joined by themselves
 LEADER_DIED = (
     "rpcnb: {leader}, the group's first kernel, is gone, and the group with it; this kernel "
     "left too. %rpc_init starts a new group (or joins another)."
@@ -27,22 +31,61 @@ LEADER_DIED = (
 
 
 def watch(s: Session) -> None:
-    """On the leader: notice dead members within a fraction of a second, and clean up."""
+    """On the leader: notice dead members within a fraction of a second (a second or two
+    on another host), and clean up."""
     host = socket.gethostname()
+    pings: dict[str, tuple[float, Any]] = {}  # name -> (sent at, future)
+    answered: dict[str, float] = {}
     while not s.closing:
         time.sleep(POLL)
         with s.lock:
             found = [(w.name, w.how_died()) for w in s.procs.values()
                      if not w.left and w.name not in s.dead and not w.alive()]
-            kernels = [(m.name, m.pid) for m in s.members.values()
-                       if m.kind == "kernel" and m.name != s.name and m.alive
-                       and m.host == host and m.pid and m.name not in s.dead]
-        found += [(name, "its kernel process is gone") for name, pid in kernels
+            joined = [(m.name, m.kind, m.pid) for m in s.members.values()
+                      if m.kind in JOINED and m.name != s.name and m.alive
+                      and m.host == host and m.pid and m.name not in s.dead]
+            remote = [m.name for m in s.members.values()
+                      if m.name != s.name and m.alive and m.host and m.host != host
+                      and m.name not in s.dead and m.name not in s.procs]
+        found += [(name, f"its {kind} process is gone") for name, kind, pid in joined
                   if not launch.pid_alive(pid)]
+        found += _silent(s, remote, pings, answered)
         for name, how in found:
             if s.closing:
                 return
+            pings.pop(name, None)
             declare(s, name, how)
+
+
+def _silent(s: Session, names: list[str], pings: dict[str, tuple[float, Any]],
+            answered: dict[str, float]) -> list[tuple[str, str]]:
+    """Members on other hosts whose ping failed (a broken connection: the process or its
+    host is gone) or that answered nothing for ``SILENT_S``; pings the others again."""
+    now = time.monotonic()
+    dead = []
+    for name in names:
+        answered.setdefault(name, now)
+        sent = pings.get(name)
+        if sent is not None and sent[1].done():
+            try:
+                sent[1].wait()
+                answered[name] = now
+            except Exception as exc:
+                if not s.closing and name not in s.dead:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    dead.append((name, f"its connection broke ({first[:80]})"))
+                    continue
+            sent = None
+            pings.pop(name)
+        if now - answered[name] > SILENT_S:
+            dead.append((name, f"it answered nothing for {SILENT_S:g} s"))
+            continue
+        if sent is None and now - answered[name] >= PING_EVERY:
+            try:
+                pings[name] = (now, protocol.call_async(s.token, name, "probe_echo", timeout=0))
+            except Exception:
+                pass
+    return dead
 
 
 def declare(s: Session, name: str, how: str) -> None:

@@ -35,6 +35,48 @@ CALL_TIMEOUT = (
     "The remote cell on {name!r} did not finish within {timeout:g} s and was interrupted; "
     "raise --timeout if it needs longer."
 )
+CALL_TIMEOUT_RUNNING = (
+    "The remote cell on {name!r} did not finish within {timeout:g} s and did not stop "
+    "{grace:g} s after it was interrupted: it is still running there (in code that does not "
+    "check for interrupts, such as one long C call). Cells sent to it wait behind it. "
+    "Wait for it, or %rpc_restart {first} to replace the worker (its namespace is lost)."
+)
+QUEUED_BEHIND = (
+    "rpcnb: this cell waits until the background cells running on {workers} end "
+    "(%rpc_jobs lists them; .cancel() on a handle stops one)."
+)
+BG_NOT_READY = (
+    "Background cell [{id}] has not ended after {timeout} s; .wait() or .result() without "
+    "a timeout waits until it does, .cancel() stops it."
+)
+CANCELLED = "The background cell was cancelled; the worker stopped it."
+CANCELLED_RUNNING = (
+    "The background cell was cancelled, but {name} did not stop it and is still running it; "
+    "%rpc_restart {name} replaces the worker (its namespace is lost)."
+)
+CHANGE_NOT_LEADER = (
+    "Only the group's first kernel ({leader}) starts and restarts workers: run this there."
+)
+RESTART_SELF = "{name!r} is this kernel: restart the kernel itself, then %rpc_init again."
+RESTART_NOT_OURS = (
+    "{name!r} is a kernel that joined the group, not a worker rpcnb started: restart that "
+    "kernel and run its %rpc_init --join line again."
+)
+RESTARTED = (
+    "rpcnb: {name} was {was} (pid {old}); a fresh process (pid {new}) now runs under the "
+    "same name, GPUs and device map. Its namespace starts empty: run the cells that set it "
+    "up again."
+)
+RREFS_LOST = (
+    "The RRefs {name} owned are lost; in this notebook: {names}."
+)
+ADD_COUNT = "--add takes how many workers to start (1 or more), not {n!r}."
+ADD_WITH_DEVICE_MAPS = (
+    "This group has device maps, which torch fixes when each member starts: the members "
+    "already running could not send CUDA tensors to an added worker. Start the group again "
+    "with the workers you need (%rpc_shutdown, then %rpc_init --workers N)."
+)
+ADDED = "rpcnb: added {n} worker(s): {names}."
 START_FAILED = "Worker {name!r} failed to start ({how}). Its log ends with:\n{log}"
 START_TIMEOUT = (
     "Worker {name!r} did not join within {timeout:g} s; it was stopped. Its log ends with:\n{log}"
@@ -61,6 +103,70 @@ NOT_PICKLABLE = (
     "The value of the last expression on {name!r} ({type}) cannot be sent back: {reason}. "
     "Leave out --fetch to keep it remote as an RRef."
 )
+INTERFACE_NEEDS_FLAG = (
+    "--interface {iface} is not loopback: anyone who reaches it can run code in this group "
+    "(TensorPipe does not authenticate); add --allow-remote to accept that."
+)
+
+# The headless worker (python -m rpcnb.worker --join ...)
+TOKEN_ON_COMMAND_LINE = (
+    "The token must not be on the command line (ps shows it to every user of this machine): "
+    "use --token-file PATH (mode 0600: the token, or the group's connection.json) or "
+    "--token - with the token on stdin."
+)
+TOKEN_NEEDED = (
+    "Joining {addr} needs the group's token: --token-file PATH (mode 0600) or --token - "
+    "with the token on stdin."
+)
+TOKEN_STDIN_EMPTY = "--token -: stdin gave no token; pipe it in, e.g. --token - < token-file."
+TOKEN_FILE_UNREADABLE = "Cannot read the token from {path!r}: {reason}."
+TOKEN_FILE_OPEN = (
+    "The token file {path!r} may be read by others (mode {mode}) or is not yours: "
+    "chmod 600 it (and start a new group if others could read it)."
+)
+HEADLESS_NO_NAME = (
+    "Give this worker a --name: none of {variables} is set, so there is no launcher rank "
+    "to name it from."
+)
+HEADLESS_LEADER_GONE = (
+    "rpcnb.worker: {leader}, the group's first kernel, has not answered for {seconds:g} s; "
+    "this worker leaves the group and exits."
+)
+
+# ipyparallel engines as members (rpcnb.cluster)
+NEEDS_IPYPARALLEL = (
+    "Engines as members need ipyparallel: pip install 'rpcnb[cluster]' (or ipyparallel), "
+    "then restart the kernel."
+)
+BAD_ENGINES = "--engines must be a whole number of engines, 1 or more, not {engines!r}."
+BAD_LAUNCHER = "--launcher {launcher!r} is not one of ipyparallel's launchers: choose from {known}."
+BAD_CLUSTER_ARGS = (
+    "--cluster-args: {item!r} is not an ipyparallel setting ({reason}): write key=value "
+    "items, e.g. profile_dir=/tmp/p 'MPILauncher.mpi_args=[\"--oversubscribe\"]'."
+)
+BAD_ATTACH = (
+    "rpcnb.attach takes an ipyparallel Cluster, a Client, or a profile name or cluster id, "
+    "not a {what}."
+)
+ATTACH_NOT_FOUND = (
+    "No running ipyparallel cluster {where!r}: give a cluster id from `ipcluster list`, "
+    "PROFILE:CLUSTER_ID, a profile name or a profile directory, and check the cluster runs."
+)
+CLUSTER_FAILED = "ipyparallel could not start the engines with the {launcher} launcher: {reason}"
+NO_ENGINES = "The ipyparallel cluster has no engines to make members: start some first."
+ENGINES_ELSEWHERE = (
+    "Engines run on other hosts ({hosts}), which cannot reach a group that meets on this "
+    "host only: add --port PORT --host ADDRESS --allow-remote with an address of this "
+    "host on the network they share (see docs/clusters.md)."
+)
+ENGINE_FAILED = "Engine {engine} could not join the group as {name}: {reason}"
+ENGINE_TIMEOUT = "Engine {engine} did not join the group as {name} within {timeout:g} s."
+ENGINES_AND_WORKERS = (
+    "--engines and --workers do not go together: the engines are the workers "
+    "(worker1..workerN)."
+)
+NO_CLUSTER = "This group has no ipyparallel engines: start it with %rpc_init --engines N or --attach."
+LAUNCHER_NEEDS_ENGINES = "--launcher and --cluster-args go with --engines N."
 
 
 class RpcnbError(RuntimeError):

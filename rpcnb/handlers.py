@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rpcnb import _torch, channels, leave, protocol, roster, serialize, start, telemetry, values
+from rpcnb import _torch, channels, doctor, leave, protocol, roster, serialize, start, telemetry, values
 from rpcnb.cells import call, output
 from rpcnb.cells.runner import Job
 from rpcnb.state import Session
@@ -85,6 +85,11 @@ def member_died(s: Session, name: str, how: str) -> None:
     s.mark_dead(name, how)
 
 
+def member_back(s: Session, name: str) -> None:
+    """The leader started ``name`` again (``%rpc_restart``)."""
+    s.revive(name)
+
+
 def drop_member(s: Session, info: Any) -> None:
     """The leader removes a dead member from torch's group: drop it here too."""
     _torch.drop_locally(info)
@@ -116,6 +121,10 @@ def facts(s: Session) -> dict[str, Any]:
     return channels.local_facts()
 
 
+def doctor_report(s: Session) -> dict[str, Any]:
+    return doctor.local_report()
+
+
 def peer_stats(s: Session) -> dict[str, dict[str, Any]]:
     return telemetry.peer_stats()
 
@@ -139,11 +148,13 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "registry": registry,
     "shm_full": shm_full,
     "member_died": member_died,
+    "member_back": member_back,
     "drop_member": drop_member,
     "leave": leave_now,
     "describe_self": describe_self,
     "describe_rref": describe_rref,
     "facts": facts,
+    "doctor": doctor_report,
     "peer_stats": peer_stats,
     "probe_echo": probe_echo,
     "probe_sink": probe_sink,

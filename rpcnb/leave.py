@@ -9,6 +9,7 @@ torch's group, then leaves itself and removes the group's directory.
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
 import time
 
@@ -96,3 +97,9 @@ def close(s: Session) -> None:
     state.end(s)
     if s.group_dir is not None:
         shutil.rmtree(s.group_dir, ignore_errors=True)
+    for then in s.after_close:  # e.g. stop the ipyparallel cluster this group started
+        try:
+            then()
+        except Exception as exc:
+            print(f"rpcnb: {exc}", file=sys.stderr)
+    s.after_close.clear()

@@ -114,9 +114,89 @@ def interface_of(host: str) -> str:
     raise ValueError(BAD_HOST.format(host=host, reason="no interface has that address"))
 
 
+NO_INTERFACE = (
+    "There is no network interface {name!r} here (this machine has {known}): give one of "
+    "those with --interface."
+)
+
+
+def interfaces() -> list[str]:
+    """This machine's network interfaces, by name."""
+    return [name for _, name in socket.if_nameindex()]
+
+
+def check_interface_name(name: str) -> str:
+    """``name`` if this machine has that interface (ValueError NO_INTERFACE otherwise)."""
+    known = interfaces()
+    if name not in known:
+        raise ValueError(NO_INTERFACE.format(name=name, known=", ".join(known)))
+    return name
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of interface ``name`` ('' when it has none)."""
+    import fcntl
+    import struct
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return ""
+    finally:
+        probe.close()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+    except (OSError, ValueError):
+        return False
+
+
+def listening_addresses(pid: int | str = "self") -> list[str]:
+    """The local addresses (``ADDR:PORT``) process ``pid`` listens on with TCP, read from
+    /proc in its own network namespace; [] when it is gone or not ours to read."""
+    inodes = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return []
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, port = fields[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            # /proc stores each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
+    return found
+
+
 def interface_towards(host: str, port: int) -> str:
     """The interface this machine would use to reach ``host`` (for a remote joiner)."""
-    if ipaddress.ip_address(host).is_loopback:
+    if is_loopback(host):
         return "lo"
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -170,7 +250,8 @@ class Facts:
         return asdict(self)
 
 
-def _read(path: str) -> str | None:
+def read_file(path: str) -> str | None:
+    """A small file's text, stripped (``/proc``, ``/sys``), or None if it cannot be read."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -235,7 +316,7 @@ def _memfd_works() -> bool:
 
 
 def _cap_permitted() -> str:
-    for line in (_read("/proc/self/status") or "").splitlines():
+    for line in (read_file("/proc/self/status") or "").splitlines():
         if line.startswith("CapPrm:"):
             return line.split()[1]
     return ""
@@ -280,13 +361,13 @@ def process_facts() -> dict[str, Any]:
     if _facts is None:
         import torch
 
-        scope = _read("/proc/sys/kernel/yama/ptrace_scope")
-        lsm = _read("/sys/kernel/security/lsm")
+        scope = read_file("/proc/sys/kernel/yama/ptrace_scope")
+        lsm = read_file("/sys/kernel/security/lsm")
         built, devices, p2p = _cuda_facts()
         ib = ib_devices()
         _facts = Facts(
             name="", host=socket.gethostname(), pid=os.getpid(),
-            boot_id=_read("/proc/sys/kernel/random/boot_id") or "",
+            boot_id=read_file("/proc/sys/kernel/random/boot_id") or "",
             net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
             uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
             cap_permitted=_cap_permitted(),

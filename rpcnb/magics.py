@@ -21,6 +21,11 @@ JOIN_NO_GPUS = (
     "--gpus picks GPUs for the workers the group's first kernel starts; a joining kernel "
     "uses what it sees (set CUDA_VISIBLE_DEVICES before starting it)."
 )
+ADD_ALONE = "--add N goes alone (or with --gpus for the added workers): %rpc_init --add 2."
+BG_STARTED = (
+    "rpcnb: background cell [{id}] on {workers} started; its output comes here. "
+    "{name}.result() when it ends, {name}.cancel() to stop it, %rpc_jobs lists them."
+)
 BAD_OUTPUT_NAME = "-o {name!r} is not a valid Python variable name."
 
 # Options of the remote magics that take a value (for splitting the line form).
@@ -45,6 +50,8 @@ def _remote_args(func: Any) -> Any:
         argument("--push", default=None, help="send these notebook variables first: a,b"),
         argument("--timeout", type=float, default=None,
                  help="interrupt the cell after this many seconds"),
+        argument("--bg", action="store_true",
+                 help="return at once with a handle; the output keeps coming into this cell"),
     ]):
         func = deco(func)
     return func
@@ -141,12 +148,29 @@ class RpcMagics(Magics):
               help="accept a --host that other machines can reach")
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
+    @argument("--add", type=int, default=None, metavar="N",
+              help="in a running group: start N more workers (with --gpus: their GPUs)")
+    @argument("--engines", type=int, default=None, metavar="N",
+              help="start an ipyparallel cluster of N engines; they become worker1..workerN")
+    @argument("--launcher", default=None,
+              help="with --engines: ipyparallel's launcher (local, mpi, ssh, slurm, pbs, lsf)")
+    @argument("--cluster-args", default=None, metavar="ARGS",
+              help="with --engines: ipyparallel settings as key=value items, e.g. "
+                   "\"profile_dir=/tmp/p MPILauncher.mpi_args=['--oversubscribe']\"")
+    @argument("--attach", default=None, metavar="CLUSTER",
+              help="make the engines of a running ipyparallel cluster members (its id, "
+                   "PROFILE:ID, a profile name or a profile directory)")
+    @argument("--interface", default=None,
+              help="the network interface TensorPipe listens on (default: the one that "
+                   "owns --host, or that reaches the group's host)")
     @line_magic
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
         from rpcnb import session
 
         args = parse_init_line(line)
+        if args.add is not None:
+            return self._add(args)
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
@@ -157,6 +181,14 @@ class RpcMagics(Magics):
         if args.timeout is not None:
             kwargs["timeout"] = args.timeout
         try:
+            clustered = args.engines is not None or args.attach is not None
+            if (args.launcher or args.cluster_args) and args.engines is None:
+                raise UsageError(errors.LAUNCHER_NEEDS_ENGINES)
+            if clustered and (args.join or args.workers):
+                raise UsageError(errors.ENGINES_AND_WORKERS if args.workers else
+                                 "--engines/--attach start a group; --join joins one.")
+            if args.engines is not None and args.attach is not None:
+                raise UsageError("Give --engines N (a new cluster) or --attach CLUSTER, not both.")
             if args.join:
                 if not args.name:
                     raise UsageError(JOIN_NEEDS_NAME)
@@ -169,25 +201,70 @@ class RpcMagics(Magics):
                 if args.gpus is not None:
                     raise UsageError(JOIN_NO_GPUS)
                 group = session.join(args.join, args.name, token=args.token,
-                                     shm=not args.no_shm, **kwargs)
+                                     shm=not args.no_shm, interface=args.interface, **kwargs)
             else:
                 if args.token:
                     raise UsageError("--token goes with --join; a new group makes its own.")
                 if args.host and args.port is None:
                     raise UsageError("--host goes with --port: the address the group listens on.")
                 if args.gpus is not None:
+                    if clustered:
+                        raise UsageError("--gpus is for --workers; engines use what they see.")
                     kwargs["gpus"] = args.gpus
-                group = session.init(args.workers, name=args.name or "worker0",
-                                     channels=_csv(args.channels),
-                                     transports=_csv(args.transports), shm=not args.no_shm,
-                                     port=args.port, host=args.host or "127.0.0.1",
-                                     allow_remote=args.allow_remote, **kwargs)
+                kwargs.update(name=args.name or "worker0", channels=_csv(args.channels),
+                              transports=_csv(args.transports), shm=not args.no_shm,
+                              port=args.port, host=args.host or "127.0.0.1",
+                              allow_remote=args.allow_remote, interface=args.interface)
+                if args.engines is not None:
+                    from rpcnb import cluster
+
+                    group = cluster.start(args.engines, args.launcher or "local",
+                                          args.cluster_args, **kwargs)
+                elif args.attach is not None:
+                    from rpcnb import cluster
+
+                    group = cluster.attach(args.attach, **kwargs)
+                else:
+                    group = session.init(args.workers, **kwargs)
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         print(group)
         note = isolation.notice()  # once per kernel, when other users can reach the ports
         if note:
             print(note)
+
+    def _add(self, args: Any) -> None:
+        """%rpc_init --add N [--gpus SPEC]: nothing else goes with it."""
+        from rpcnb import session
+
+        others = [f for f in ("workers", "name", "join", "timeout", "threads", "channels",
+                              "transports", "device_map", "token", "port", "host", "engines",
+                              "launcher", "cluster_args", "attach", "interface")
+                  if getattr(args, f) not in (None, 0)]
+        if others or args.allow_remote or args.no_shm:
+            raise UsageError(ADD_ALONE)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        try:
+            print(session.add_workers(args.add, gpus=args.gpus))
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("name", help="the worker to replace, e.g. worker1")
+    @line_magic
+    def rpc_restart(self, line: str) -> None:
+        """Replace a dead or stuck worker with a fresh process (same name, GPUs, device
+        map); its namespace starts empty and the RRefs it owned are lost."""
+        args = _parse(self.rpc_restart, line)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import session
+
+        try:
+            print(session.restart(args.name.strip()))
+        except (ValueError, errors.RpcnbError) as exc:
+            raise UsageError(str(exc)) from None
 
     @no_var_expand
     @_remote_args
@@ -211,14 +288,18 @@ class RpcMagics(Magics):
                 raise UsageError(PUSH_MISSING.format(name=name))
             push[name] = user_ns[name]
         target = state.ALL if args.all else args.target
+        run = session.run_bg if args.bg else session.run
         try:
-            result = session.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
+            result = run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
         except (errors.WorkerDiedError, errors.RemoteError):
             raise  # they show the worker and what happened there
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None
         if args.output:
             user_ns[args.output] = result
+            if args.bg:
+                print(BG_STARTED.format(id=result.id, workers=", ".join(result.workers),
+                                        name=args.output))
             return None
         return result
 
@@ -231,6 +312,20 @@ class RpcMagics(Magics):
             raise UsageError("%rpc_workers takes no arguments.")
         try:
             return session.group()
+        except errors.RpcnbError as exc:
+            raise UsageError(str(exc)) from None
+
+    @magic_arguments()
+    @argument("--all", action="store_true", help="also the background cells that ended")
+    @line_magic
+    def rpc_jobs(self, line: str) -> Any:
+        """Background cells (%%remote --bg) of this kernel: id, workers, status, seconds."""
+        args = _parse(self.rpc_jobs, line)
+        from rpcnb import session
+        from rpcnb.cells.background import JobTable
+
+        try:
+            return JobTable(session.jobs(include_ended=args.all))
         except errors.RpcnbError as exc:
             raise UsageError(str(exc)) from None
 
@@ -260,7 +355,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_probe(self, line: str) -> Any:
         """Round-trip latency and bandwidth to each peer, 1 KB to 256 MB; kept in telemetry."""
-        args = parse_argstring(self.rpc_probe, line)
+        args = _parse(self.rpc_probe, line)
         if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
         from rpcnb import probe
@@ -273,13 +368,34 @@ class RpcMagics(Magics):
             raise UsageError(str(exc)) from None
 
     @magic_arguments()
+    @argument("--json", action="store_true", help="print the findings as JSON, for scripts")
+    @line_magic
+    def rpc_doctor(self, line: str) -> None:
+        """Check every member (/dev/shm, ptrace scope, container, CUDA, InfiniBand, RDMA
+        fork safety, interfaces, versions, clocks, the token's file) and say what to do."""
+        args = _parse(self.rpc_doctor, line)
+        if not state.is_initialized():
+            raise UsageError(errors.NOT_INITIALIZED)
+        from rpcnb import doctor
+        try:
+            found = doctor.check()
+        except errors.RpcnbError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            import json
+
+            print(json.dumps(doctor.to_json(found), indent=1))
+        else:
+            print(doctor.describe(found))
+
+    @magic_arguments()
     @argument("--interval", type=float, default=0.5,
               help="seconds between updates at most (default 0.5)")
     @argument("--text", action="store_true", help="print the predicted channels, no widget")
     @line_magic
     def rpc_channels(self, line: str) -> Any:
         """The channel monitor: predicted paths, measured latency and bandwidth per pair."""
-        args = parse_argstring(self.rpc_channels, line)
+        args = _parse(self.rpc_channels, line)
         if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
         from rpcnb import channels
@@ -307,7 +423,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_devmap(self, line: str) -> Any:
         """The device-map editor; 'apply' keeps the map for the next %rpc_init / --join."""
-        args = parse_argstring(self.rpc_devmap, line)
+        args = _parse(self.rpc_devmap, line)
         topology: Any = None
         if args.topology is not None:
             topology = _device_map_spec(args.topology, self._user_ns())

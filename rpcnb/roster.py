@@ -94,7 +94,8 @@ def admit(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) ->
         return None
     with s.lock:
         s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
-                                 info["devices"], info.get("gpus", ""))
+                                 info["devices"], info.get("gpus", ""),
+                                 address=info.get("address", ""))
         if info.get("facts"):
             s.facts[name] = info["facts"]
     return s.admitted()

@@ -5,7 +5,8 @@ notebook cell fails on the other side, or silently runs the callee's own functio
 same name. rpcnb swaps in a cloudpickle-based pickler: anything defined in ``__main__``
 (notebook cells, remote cells) travels by value, while tensors and RRefs keep going
 through torch's own tables so device maps and channels still apply. Large CPU tensors to
-a same-host peer take rpcnb's shared memory (``rpcnb.shm``).
+a same-host peer take rpcnb's shared memory (``rpcnb.shm``). NumPy, CuPy and other
+DLPack arrays travel as tensors too (``rpcnb.arrays``).
 
 While this process is in a group, every payload it sends is signed with the group's key
 and every payload it receives is checked before it is unpickled (``rpcnb.rendezvous``).
@@ -20,13 +21,15 @@ import functools
 import importlib.abc
 import importlib.machinery
 import io
+import operator
+import pickle
 import sys
 import threading
 import time
 import types
 from typing import Any
 
-from rpcnb import errors, notebook, rendezvous, shm, state, telemetry
+from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -93,10 +96,10 @@ _table: tuple[Any, dict[Any, Any]] | None = None  # (what it was built from, the
 
 
 def _dispatch_table(obj: Any) -> dict[Any, Any]:
-    """One plain dict (the C pickler looks every object's type up in it): cloudpickle's
-    reducers under torch's, with tensors to the RPC tensor table or rpcnb's shared memory.
-    Built once, again only when torch's registered reducers change (or for a
-    ScriptModule, which gets a reducer of its own)."""
+    """One dict (the C pickler looks every object's type up in it): cloudpickle's
+    reducers under torch's, with tensors to the RPC tensor table or rpcnb's shared memory,
+    and DLPack arrays as tensors (``Table``). Built once, again only when torch's
+    registered reducers change (or for a ScriptModule, which gets a reducer of its own)."""
     global _table
     import cloudpickle
     import torch
@@ -106,7 +109,7 @@ def _dispatch_table(obj: Any) -> dict[Any, Any]:
     key = _torch.reducers_key()
     if _table is not None and _table[0] == key and not isinstance(obj, torch.jit.ScriptModule):
         return _table[1]
-    table = dict(cloudpickle.Pickler.dispatch_table)
+    table = Table(cloudpickle.Pickler.dispatch_table)
     table.update(_torch.pickler_table(obj))
     # torch's reducers return classmethods, which cloudpickle would ship by value
     # (with the thread-local tensor tables in their globals); pickle them by name.
@@ -140,20 +143,84 @@ def _reduce_method(m: types.MethodType) -> tuple[Any, tuple[Any, str]]:
     return getattr, (m.__self__, m.__func__.__name__)
 
 
+# What the C pickler does with an object whose type has no reducer in the table (and is
+# no class): both rpcnb's picklers use this protocol.
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+_default_reduce = operator.methodcaller("__reduce_ex__", PROTOCOL)
+_MAX_TYPES = 20_000
+
+
+class Table(dict):  # type: ignore[type-arg]
+    """A pickler's dispatch table that looks at a type the first time an object of it
+    misses the table: a DLPack array type (``rpcnb.arrays``) gets the reducer that sends
+    its arrays as tensors, any other type the C pickler's own default (``__reduce_ex__``),
+    kept, so that the next object of that type costs one dict lookup as before. Objects
+    of the types a message is mostly made of (tuples, dicts, lists, strings, numbers,
+    functions) never reach the table, so small calls pay nothing for arrays."""
+
+    def __missing__(self, cls: type) -> Any:
+        lib = arrays.library(cls)
+        if lib is not None:
+            reducer: Any = functools.partial(_reduce_array, lib)
+        elif issubclass(cls, type) or len(self) > _MAX_TYPES:
+            raise KeyError(cls)  # a class whose metaclass is not type: pickled by name
+        else:
+            reducer = _default_reduce
+        self[cls] = reducer
+        return reducer
+
+
+def _reduce_array(lib: str, array: Any) -> Any:
+    reduced = arrays.reduce_array(array, lib, host=not _device_route(array))
+    return reduced if reduced is not None else array.__reduce_ex__(PROTOCOL)
+
+
+def _device_route(array: Any) -> bool:
+    """Can this array's tensor travel on its device? A CPU one always; a CUDA one when a
+    device map takes its device to the peer (for a reply: when the agent has the device),
+    as torch requires of a CUDA tensor. Otherwise it goes as a host copy, which the
+    receiver's library puts back on its own current device (as CuPy's pickling did)."""
+    if arrays.is_host(array):
+        return True
+    from rpcnb import _torch
+
+    maps, devices = _torch.cuda_routes()
+    peer = telemetry.current_peer()
+    where = arrays.device(array)
+    return where in maps.get(peer, {}) if peer else where in devices
+
+
+_EXTRACTOR: Any = None
+
+
+def _extractor_base() -> Any:
+    """The base of torch's tensor extractor: notebook's Pickler with a ``Table`` (which
+    then finds a CuPy array's CUDA memory as a tensor instead of copying it to the
+    host to look through it)."""
+    global _EXTRACTOR
+    if _EXTRACTOR is None:
+        import cloudpickle
+
+        class ExtractorBase(notebook.Pickler):  # type: ignore[misc]
+            dispatch_table = Table(cloudpickle.Pickler.dispatch_table)
+
+        _EXTRACTOR = ExtractorBase
+    return _EXTRACTOR
+
+
 _PICKLER: Any = None
 
 
 def _pickler_class() -> Any:
     global _PICKLER
     if _PICKLER is None:
-        import cloudpickle
 
-        class RpcPickler(notebook.Pickler):
+        class RpcPickler(notebook.Pickler):  # type: ignore[misc]
             def __init__(self, file: Any, table: Any) -> None:
                 # The C pickler reads dispatch_table once, in __init__; cloudpickle's class
                 # attribute would shadow a later assignment.
                 self.dispatch_table = table
-                super().__init__(file, protocol=cloudpickle.DEFAULT_PROTOCOL)
+                super().__init__(file, protocol=PROTOCOL)
 
         _PICKLER = RpcPickler
     return _PICKLER
@@ -200,7 +267,8 @@ def install() -> None:
         _torch.patch_serialize(_serialize, _deserialize)
         # With devices set, torch finds the CUDA tensors in a Python result by pickling
         # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
-        _torch.replace_tensor_extractor(notebook.Pickler)
+        # (and a CuPy array would be copied to the host to be looked through)
+        _torch.replace_tensor_extractor(_extractor_base())
         notebook.REPLACED.update(_torch.hook_calls(_record_call))
         _installed = True
 

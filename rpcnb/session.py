@@ -19,20 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from rpcnb import _torch, errors, launch, leave, machine, options, rendezvous, roster, state
+from rpcnb.cells.background import jobs
+from rpcnb.cells.background import start as run_bg
 from rpcnb.cells.call import interrupt, run
 from rpcnb.errors import RpcnbError
 from rpcnb.state import ALL, Group, Member, Session, is_initialized
 from rpcnb.view import group
 
-__all__ = ["ALL", "Group", "group", "init", "interrupt", "is_initialized", "join", "run",
-           "shutdown"]
+__all__ = ["ALL", "Group", "add_workers", "group", "init", "interrupt", "is_initialized",
+           "jobs", "join", "restart", "run", "run_bg", "shutdown"]
 
 
 def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFAULT_THREADS,
          timeout: float = options.DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
          transports: Iterable[str] | None = None, shm: bool = True,
          device_map: Any = None, gpus: str | None = None, port: int | None = None,
-         host: str = "127.0.0.1", allow_remote: bool = False) -> Group:
+         host: str = "127.0.0.1", allow_remote: bool = False,
+         interface: str | None = None) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. ``gpus`` says which of this kernel's
@@ -45,7 +48,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     is a file in a private temporary directory, so the group is reachable from this host
     only; ``port`` serves it over TCP on ``host``
     (loopback unless ``allow_remote``). Either way a random secret, kept in the connection
-    file, is needed to join.
+    file, is needed to join. TensorPipe listens on the interface that owns ``host``, or on
+    ``interface`` when it is given (anything but ``lo`` needs ``allow_remote``).
     """
     launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if state.is_initialized():
@@ -66,9 +70,15 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     host = rendezvous.check_host(host, allow_remote)
     remote = not ipaddress.ip_address(host).is_loopback
     iface = "lo"
+    if interface is not None:
+        iface = machine.check_interface_name(interface)
+        if iface != "lo" and not allow_remote:
+            raise ValueError(errors.INTERFACE_NEEDS_FLAG.format(iface=iface))
+        remote = remote or iface != "lo"
     if remote:
         opts["one_host"] = False  # members may join from elsewhere: no shared memory
-        iface = machine.interface_of(host)
+        if interface is None:
+            iface = machine.interface_of(host)
     if port is None and (remote or allow_remote):
         raise ValueError("--host/--allow-remote need --port: a group reachable from other "
                          "hosts meets over TCP.")
@@ -129,67 +139,56 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
 
 def join(address: str, name: str, *, token: str | None = None,
          threads: int = options.DEFAULT_THREADS, timeout: float | None = None,
-         shm: bool = True, device_map: Any = None) -> Group:
+         shm: bool = True, device_map: Any = None, interface: str | None = None,
+         kind: str = "kernel") -> Group:
     """Join a group as ``name``; remote cells sent to ``name`` run in this namespace.
 
     ``address`` is the connection file %rpc_init printed (or its directory, or the
     file:// store beside it); from another host, ``tcp://HOST:PORT`` with ``token``.
+    There TensorPipe listens on ``interface`` (default: the interface that reaches HOST).
     """
     launch.apply_quiet_env()
-    if state.is_initialized():
-        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
-    options.check_name(name)
-    mine = machine.cuda_devices()
-    if device_map is not None and not (isinstance(device_map, str)
-                                       and device_map.strip().lower() == "auto"):
-        options.check_device_map(device_map, name, local_devices=mine)  # before any I/O
-    conn = rendezvous.read_connection(address, token)
     opts = options.validate(threads, timeout if timeout is not None
                             else options.DEFAULT_RPC_TIMEOUT)
     opts["shm"] = shm
-    env: dict[str, str] = {}
-    if conn.is_tcp:
-        host, _, port = conn.address[len("tcp://"):].rpartition(":")
-        if not ipaddress.ip_address(host.strip("[]")).is_loopback:
-            opts["one_host"] = False
-            env["TP_SOCKET_IFNAME"] = machine.interface_towards(host, int(port))
-    _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
-    store = rendezvous.open_store(conn.address)
-    leader = rendezvous.check_group(store, conn.secret, address)
-    mapped = options.join_device_map(name, device_map, mine, roster.published(store))
-    if mapped:
-        opts["device_map"] = mapped
-    roster.claim_name(store, name)
-    fixed = roster.fixed_rank()
-    if fixed is None:
-        rank = roster.next_rank(store)
-    elif not roster.claim_rank(store, fixed):
-        raise RpcnbError(errors.RANK_FIXED.format(rank=fixed))
-    else:
-        rank = fixed
-    roster.publish(store, name, mine, mapped)
-
+    if state.is_initialized():
+        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
+    options.check_name(name)
     from rpcnb import deaths, handlers, start
 
     handlers.install()
-    runner = start.kernel_runner(name)
+    runner = start.kernel_runner(name, kind)
     try:
-        s = start.start_member(name, rank, conn.address, opts, leader=leader,
-                               runner=runner, secret=conn.secret, env=env)
+        s = start.join_member(address, name, opts, runner, token=token,
+                              device_map=device_map, interface=interface)
     except BaseException:
         runner.stop()
         raise
-    if start.register(s) is None:
-        # refused (the wrong secret): leave torch's group the way any member leaves, so
-        # nobody waits for this one later
-        leave.leave_group(timeout=5)
-        raise RpcnbError(rendezvous.REFUSED.format(leader=leader))
     view = group()
-    lead = next((m for m in view.members if m.name == leader), None)
+    lead = next((m for m in view.members if m.name == s.leader), None)
     me = next(m for m in view.members if m.name == name)
     if lead is not None and lead.pid and lead.host == me.host:
         start.watch_in_background(s, deaths.watch_leader, lead.pid)
     return view
+
+
+def restart(name: str) -> Group:
+    """Replace worker ``name`` (dead, stuck or running) with a fresh process under the same
+    name, GPUs and device map, on the first kernel; prints what was lost (its namespace,
+    the RRefs it owned). A stuck process is killed first."""
+    from rpcnb import replace
+
+    print(replace.restart(name))
+    return group()
+
+
+def add_workers(n: int, gpus: str | None = None) -> Group:
+    """Start ``n`` more workers in the running group (on the first kernel); ``gpus`` as
+    for ``init``."""
+    from rpcnb import replace
+
+    print(replace.describe_added(replace.add_workers(n, gpus)))
+    return group()
 
 
 def shutdown(timeout: float = 10.0) -> None:

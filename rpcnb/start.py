@@ -122,7 +122,9 @@ def self_info(s: Session) -> dict[str, Any]:
         "cells": runner.cells_run if runner is not None else 0,
         "torch": torch.__version__,
         "memory": view.memory_info(),
+        "address": view.listen_address(),
     }
+
 
 
 def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
@@ -141,12 +143,14 @@ def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
         for other, other_rank in admitted:
             s.members.setdefault(other, Member(other, other_rank))
         s.members[s.name] = Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
-                                   info["devices"], info["gpus"])
+                                   info["devices"], info["gpus"], address=info["address"])
     return list(admitted)
 
 
-def kernel_runner(name: str) -> CellRunner:
-    """A cell runner over this kernel's (or script's) own namespace, on its own thread."""
+def kernel_runner(name: str, kind: str = "kernel") -> CellRunner:
+    """A cell runner over this kernel's (or script's) own namespace, on its own thread.
+    ``kind`` is what %rpc_workers calls this member ("kernel", or "engine" for an
+    ipyparallel engine, whose namespace is the one ``%%px`` runs in)."""
     sh = shell()
     if sh is not None:
         ns = sh.user_ns
@@ -155,9 +159,61 @@ def kernel_runner(name: str) -> CellRunner:
 
         ns = __main__.__dict__
     runner = CellRunner(name, ns, sh)
+    runner.kind_name = kind
     install_routing(sh)
     runner.start_thread()
     return runner
+
+
+def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
+                token: str | None = None, device_map: Any = None,
+                interface: str | None = None) -> Session:
+    """Make this process member ``name`` of the group at ``address`` (a connection file,
+    its directory or file:// store, or tcp://HOST:PORT with ``token``), its remote cells
+    run by ``runner``; registered with the leader when this returns (RpcnbError when the
+    leader refused it). Everything that can be checked is checked before anything is
+    claimed. Across hosts TensorPipe listens on ``interface`` (default: the one that
+    reaches the group's host)."""
+    launch.apply_quiet_env()
+    if state.is_initialized():
+        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
+    options.check_name(name)
+    mine = machine.cuda_devices()
+    if device_map is not None and not (isinstance(device_map, str)
+                                       and device_map.strip().lower() == "auto"):
+        options.check_device_map(device_map, name, local_devices=mine)  # before any I/O
+    conn = rendezvous.read_connection(address, token)
+    env: dict[str, str] = {}
+    if interface:
+        env["TP_SOCKET_IFNAME"] = machine.check_interface_name(interface)
+    if conn.is_tcp:
+        host, _, port = conn.address[len("tcp://"):].rpartition(":")
+        if not machine.is_loopback(host.strip("[]")):
+            opts["one_host"] = False
+            env.setdefault("TP_SOCKET_IFNAME", machine.interface_towards(host.strip("[]"), int(port)))
+    _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
+    store = rendezvous.open_store(conn.address)
+    leader = rendezvous.check_group(store, conn.secret, address)
+    mapped = options.join_device_map(name, device_map, mine, roster.published(store))
+    if mapped:
+        opts["device_map"] = mapped
+    roster.claim_name(store, name)
+    fixed = roster.fixed_rank()
+    if fixed is None:
+        rank = roster.next_rank(store)
+    elif not roster.claim_rank(store, fixed):
+        raise RpcnbError(errors.RANK_FIXED.format(rank=fixed))
+    else:
+        rank = fixed
+    roster.publish(store, name, mine, mapped)
+    s = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
+                     secret=conn.secret, env=env)
+    if register(s) is None:
+        # refused (the wrong secret): leave torch's group the way any member leaves, so
+        # nobody waits for this one later
+        leave.leave_group(timeout=5)
+        raise RpcnbError(rendezvous.REFUSED.format(leader=leader))
+    return s
 
 
 def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
@@ -182,28 +238,44 @@ def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
                                    s.secret, env=wenv)
         with s.lock:
             s.procs[wname] = proc
+            s.specs[wname] = (wopts, wenv)
 
 
-def wait_ready(s: Session, timeout: float = START_TIMEOUT) -> None:
-    """On the leader: until every started worker has registered; a worker that exits
-    first fails the start at once, with its log."""
+def wait_ready(s: Session, timeout: float = START_TIMEOUT,
+               names: list[str] | None = None) -> None:
+    """On the leader: until every started worker (or each of ``names``) has registered,
+    showing each one's state as it goes (``progress.Board``); a worker that exits first
+    fails the start at once, with its log."""
+    from rpcnb import progress
+
     deadline = time.monotonic() + timeout
     with s.lock:
-        waiting = dict(s.procs)
-    while waiting:
-        for wname, w in list(waiting.items()):
-            with s.lock:
-                ready = wname in s.members
-            if ready:
-                del waiting[wname]
-            elif not w.alive():
-                raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
-                                                            log=w.log_tail()))
-            elif time.monotonic() > deadline:
-                raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
-                                                             log=w.log_tail()))
-        if waiting:
-            time.sleep(0.02)
+        waiting = {n: w for n, w in s.procs.items() if names is None or n in names}
+    board = progress.Board(f"rpcnb: starting {len(waiting)} worker(s)", list(waiting))
+    for wname, w in waiting.items():
+        board.set(wname, f"starting (pid {w.pid})")
+    t0 = time.monotonic()
+    try:
+        while waiting:
+            for wname, w in list(waiting.items()):
+                with s.lock:
+                    ready = wname in s.members
+                if ready:
+                    del waiting[wname]
+                    board.set(wname, "ready")
+                elif not w.alive():
+                    board.set(wname, f"failed: {w.how_died()}")
+                    raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
+                                                                log=w.log_tail()))
+                elif time.monotonic() > deadline:
+                    board.set(wname, "did not start in time")
+                    raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
+                                                                 log=w.log_tail()))
+            if waiting:
+                time.sleep(0.02)
+    finally:
+        board.close(f"rpcnb: {len(board.rows)} worker(s) started in "
+                    f"{time.monotonic() - t0:.1f} s")
 
 
 def watch_in_background(s: Session, target: Any, *args: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ class Member:
     rank: int
     host: str = ""
     pid: int | None = None
-    kind: str = "process"  # "process" (started by rpcnb) or "kernel"
+    kind: str = "process"  # "process" (started by rpcnb), "kernel", "engine" or "headless"
     devices: list[str] = field(default_factory=list)
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES, when rpcnb gave it some (--gpus)
     alive: bool = True
@@ -37,6 +38,7 @@ class Member:
     calls: int = 0
     recent_ms: float | None = None
     memory: dict[str, int] = field(default_factory=dict)  # rss, shm (bytes)
+    address: str = ""  # where its TensorPipe listens: "ADDR (IFACE)"
 
 
 @dataclass
@@ -56,12 +58,12 @@ class Group:
 
     def table(self) -> str:
         """The members as a plain-text table."""
-        rows = [("name", "rank", "host", "pid", "kind", "devices", "alive", "calls", "recent",
-                 "memory")]
+        rows = [("name", "rank", "host", "address", "pid", "kind", "devices", "alive", "calls",
+                 "recent", "memory")]
         for m in self.members:
             rows.append((
                 m.name + (" (this kernel)" if m.name == self.me else ""),
-                str(m.rank), m.host, str(m.pid or "-"), m.kind,
+                str(m.rank), m.host, m.address or "-", str(m.pid or "-"), m.kind,
                 (",".join(m.devices) or "cpu") + (f" (GPU {m.gpus})" if m.gpus else ""),
                 "yes" if m.alive else f"no: {m.how}",
                 str(m.calls),
@@ -113,14 +115,22 @@ class Session:
         self.store_server: Any = None  # that store's server; dropped when the group ends
         self.lock = threading.RLock()
         self.procs: dict[str, launch.LocalWorker] = {}  # workers this process started
+        # how each of them was started (options, environment): %rpc_restart starts it again
+        self.specs: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
         self.members: dict[str, Member] = {}  # admitted members (they know the secret)
         self.dead: dict[str, str] = {}  # name -> how it died or left; names are not reused
         self.calls: dict[str, Any] = {}  # call id -> a remote cell this process waits for
+        self.background: dict[int, Any] = {}  # id -> a background cell this process sent
+        self.jobs_started = 0  # background cells sent so far (their ids count up)
         self.facts: dict[str, dict[str, Any]] = {}  # name -> channel facts it reported
         self.parked: dict[str, Any] = {}  # values waiting to be wrapped in an RRef
         self.closing = False
         self.shm_warned = False  # the group's one warning about a full /dev/shm was given
         self.watcher: threading.Thread | None = None
+        # the ipyparallel cluster whose engines are members (rpcnb.cluster): client,
+        # cluster, whether this group started it, engine id by member name
+        self.cluster: dict[str, Any] | None = None
+        self.after_close: list[Callable[[], None]] = []  # run once the group has ended
         # environment variables this group changed, with the values to put back
         self.restore_env: dict[str, str | None] = {}
 
@@ -152,6 +162,13 @@ class Session:
             waiting = [c for c in self.calls.values() if c.worker == name]
         for call in waiting:
             call.inbox.put(("__dead__", name, -1, []))
+
+    def revive(self, name: str) -> None:
+        """``name`` is back (a fresh process under the same name, ``%rpc_restart``): calls
+        to it are sent again once it is admitted."""
+        with self.lock:
+            self.dead.pop(name, None)
+            self.members.pop(name, None)
 
     def death_message(self, name: str) -> str:
         """What a call to the dead member ``name`` says (with its log's end, if ours)."""

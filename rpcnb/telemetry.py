@@ -106,7 +106,8 @@ def now() -> float:
 
 
 def tensor_bytes(args: Any, kwargs: Any = None) -> int:
-    """Bytes of the tensors among call arguments (one level deep: cheap)."""
+    """Bytes of the tensors and DLPack arrays (NumPy, CuPy, ...) among call arguments
+    (one level deep: cheap)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return 0
@@ -114,12 +115,20 @@ def tensor_bytes(args: Any, kwargs: Any = None) -> int:
     total = 0
     for group in (args or (), (kwargs or {}).values()):
         for item in group:
-            if isinstance(item, tensor):
-                total += item.element_size() * item.nelement()
-            elif isinstance(item, (list, tuple)):
-                total += sum(x.element_size() * x.nelement() for x in item
-                             if isinstance(x, tensor))
+            if isinstance(item, (list, tuple)):
+                total += sum(_nbytes(x, tensor) for x in item)
+            else:
+                total += _nbytes(item, tensor)
     return total
+
+
+def _nbytes(item: Any, tensor: Any) -> int:
+    if isinstance(item, tensor):
+        return int(item.element_size() * item.nelement())
+    if hasattr(type(item), "__dlpack__"):
+        n = getattr(item, "nbytes", 0)
+        return n if isinstance(n, int) else 0
+    return 0
 
 
 def watch(fut: Any, peer: str, op: str, nbytes: int = 0) -> None:

@@ -18,6 +18,19 @@ def memory_info() -> dict[str, int]:
     return {"rss": machine.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"]}
 
 
+def listen_address() -> str:
+    """Where this process's TensorPipe listens, as ``ADDR (IFACE)``: the interface
+    TP_SOCKET_IFNAME named when its agent started (torch keeps the first), else this
+    host name's address."""
+    iface = _torch.first_interface() or os.environ.get("TP_SOCKET_IFNAME", "")
+    if iface:
+        return f"{machine.interface_address(iface) or '?'} ({iface})"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "?"
+
+
 def group(refresh: bool = True) -> Group:
     """The group now: every member with host, pid, devices, liveness, calls and latency.
 
@@ -48,6 +61,7 @@ def group(refresh: bool = True) -> Group:
             m = s.members.setdefault(name, Member(name, infos[name]))
             m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
             m.gpus = info.get("gpus", "")
+            m.address = info.get("address", "")
             m.memory = info.get("memory", {})
             m.alive, m.how = True, ""  # it answers (again)
     rows = []
@@ -55,6 +69,8 @@ def group(refresh: bool = True) -> Group:
         if s.name not in s.members:
             s.members[s.name] = Member(s.name, s.rank, socket.gethostname(), os.getpid(),
                                        "kernel", machine.cuda_devices())
+        if not s.members[s.name].address:
+            s.members[s.name].address = listen_address()
         s.members[s.name].memory = memory_info()
         for name in set(infos) | set(s.dead):
             m = s.members.setdefault(name, Member(name, infos.get(name, -1)))

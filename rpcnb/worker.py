@@ -6,6 +6,13 @@ and writes the group's secret into its stdin. It builds a namespace (``__name__ 
 ``get_ipython()`` work in remote cells; joins the group; registers with the leader; and
 runs remote cells on its main thread until it is asked to leave. A thread watches the
 kernel that started it and ends the process when that kernel is gone.
+
+``python -m rpcnb.worker --join ADDR`` is the same worker started by hand, or by a
+cluster's launcher (``srun``, ``mpiexec``) on a machine without Jupyter: it joins a
+running group like a kernel does, names itself from the launcher's rank when no
+``--name`` is given, reads the group's token from a file of mode 0600 or from its stdin
+(never from its command line, which ``ps`` shows every user), and leaves when the group
+ends or its first kernel is gone.
 """
 
 from __future__ import annotations
@@ -18,9 +25,14 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import handlers, shm, start
+from rpcnb import errors, handlers, launch, leave, options, protocol, shm, start
 from rpcnb.cells import output
 from rpcnb.cells.runner import CellRunner
+from rpcnb.errors import RpcnbError
+
+# The launchers' own rank variables, in the order a worker names itself from them.
+RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+LEADER_SILENT_S = 15.0  # a headless worker leaves once its leader has not answered this long
 
 
 def _watch_parent(parent_pid: int, init_method: str) -> None:
@@ -41,6 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
+    argv = sys.argv[1:] if argv is None else argv
+    if "--join" in argv or any(a.startswith("--join=") for a in argv):
+        headless(argv)
+        return
     ap = argparse.ArgumentParser(prog="rpcnb.worker")
     ap.add_argument("--init-method", required=True)
     ap.add_argument("--name", required=True)
@@ -72,6 +88,154 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)
 
 
+def headless_parser() -> Any:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m rpcnb.worker",
+        description="Join a running rpcnb group as a worker (no Jupyter needed).")
+    ap.add_argument("--join", required=True, metavar="ADDR",
+                    help="tcp://HOST:PORT of the group (or its connection file on this host)")
+    ap.add_argument("--token-file", default=None, metavar="PATH",
+                    help="a file of mode 0600 with the group's token (or its connection.json)")
+    ap.add_argument("--token", default=None, metavar="-",
+                    help="'-': read the token from stdin (never the token itself: ps shows it)")
+    ap.add_argument("--name", default=None,
+                    help="this worker's name; {rank} is the launcher's rank (default: "
+                         "worker<rank+1> from SLURM_PROCID or OMPI_COMM_WORLD_RANK)")
+    ap.add_argument("--interface", default=None,
+                    help="the network interface TensorPipe listens on (default: the one "
+                         "that reaches the group's host)")
+    ap.add_argument("--threads", type=int, default=options.DEFAULT_THREADS)
+    ap.add_argument("--timeout", type=float, default=options.DEFAULT_RPC_TIMEOUT)
+    ap.add_argument("--no-shm", action="store_true",
+                    help="move tensors over TensorPipe only, not rpcnb's shared memory")
+    return ap
+
+
+def launcher_rank(env: dict[str, str] | None = None) -> int | None:
+    """The rank srun, mpiexec or another PMI launcher gave this process, or None."""
+    env = dict(os.environ) if env is None else env
+    for var in RANK_VARIABLES:
+        value = env.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def worker_name(given: str | None, env: dict[str, str] | None = None) -> str:
+    """The name a headless worker takes: ``given`` with ``{rank}`` filled in, or
+    ``worker<rank+1>`` from the launcher's rank (ValueError when there is none)."""
+    rank = launcher_rank(env)
+    if given is not None and "{rank}" not in given:
+        name = given
+    elif rank is None:
+        raise ValueError(errors.HEADLESS_NO_NAME.format(variables=", ".join(RANK_VARIABLES)))
+    else:
+        name = given.replace("{rank}", str(rank)) if given else f"worker{rank + 1}"
+    options.check_name(name)
+    return name
+
+
+def read_token(token: str | None, token_file: str | None, join: str) -> str | None:
+    """The group's token for a headless worker: from ``token_file`` (mode 0600, the token
+    or a connection.json), from stdin (``token == "-"``), or None when ``join`` is a
+    connection file that holds it. A token on the command line is refused."""
+    if token is not None and token != "-":
+        raise ValueError(errors.TOKEN_ON_COMMAND_LINE)
+    if token == "-":
+        got = sys.stdin.readline().strip()
+        if not got:
+            raise ValueError(errors.TOKEN_STDIN_EMPTY)
+        return got
+    if token_file is None:
+        if join.startswith("tcp://"):
+            raise ValueError(errors.TOKEN_NEEDED.format(addr=join))
+        return None
+    import json
+    import stat
+
+    try:
+        fd = os.open(token_file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ValueError(errors.TOKEN_FILE_UNREADABLE.format(path=token_file,
+                                                             reason=exc.strerror)) from None
+    with os.fdopen(fd) as f:
+        info = os.fstat(f.fileno())
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            raise ValueError(errors.TOKEN_FILE_OPEN.format(
+                path=token_file, mode=oct(stat.S_IMODE(info.st_mode))))
+        text = f.read().strip()
+    if text.startswith("{"):
+        try:
+            text = str(json.loads(text)["secret"])
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(errors.TOKEN_FILE_UNREADABLE.format(
+                path=token_file, reason="a JSON file without a 'secret'")) from None
+    if not text:
+        raise ValueError(errors.TOKEN_FILE_UNREADABLE.format(path=token_file, reason="it is empty"))
+    return text.splitlines()[0].strip()
+
+
+def headless(argv: list[str]) -> None:
+    """``python -m rpcnb.worker --join ...``: join a running group, run its cells on the
+    main thread until the group ends (exit 0), or say why not (exit 2)."""
+    args = headless_parser().parse_args(argv)
+    launch.apply_quiet_env()
+    try:
+        secret = read_token(args.token, args.token_file, args.join)
+        name = worker_name(args.name)
+        opts = options.validate(args.threads, args.timeout)
+    except ValueError as exc:
+        print(f"rpcnb.worker: {exc}", file=sys.stderr)
+        sys.exit(2)
+    opts["shm"] = not args.no_shm
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    handlers.install()
+    ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    shell = _make_shell(ns)
+    runner = CellRunner(name, ns, shell)
+    runner.on_main = True
+    runner.kind_name = "headless"
+    output.install_routing(shell)
+    try:
+        s = start.join_member(args.join, name, opts, runner, token=secret,
+                              interface=args.interface)
+    except (ValueError, RpcnbError) as exc:
+        print(f"rpcnb.worker: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(2)
+    output.set_background(output.Capture(None, s.leader, name, s.token))
+    print(f"rpcnb.worker: {name} (rank {s.rank}, pid {os.getpid()}) joined the group of "
+          f"{s.leader}", file=sys.__stderr__, flush=True)
+    threading.Thread(target=_watch_leader, args=(s, runner), name="rpcnb-watch",
+                     daemon=True).start()
+    runner.run_forever()  # until the leader asks this worker to leave
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _watch_leader(s: Any, runner: CellRunner) -> None:
+    """A headless worker leaves when its group's first kernel stops answering (it may be
+    on another host: no pid to watch), so a batch job never outlives the notebook."""
+    silent_since: float | None = None
+    while not s.closing:
+        time.sleep(1.0)
+        try:
+            protocol.call(s.token, s.leader, "probe_echo", timeout=5)
+            silent_since = None
+        except Exception:
+            if s.closing:
+                return
+            silent_since = silent_since or time.monotonic()
+            if time.monotonic() - silent_since > LEADER_SILENT_S:
+                print(errors.HEADLESS_LEADER_GONE.format(leader=s.leader, seconds=LEADER_SILENT_S),
+                      file=sys.__stderr__, flush=True)
+                leave.leave_group(timeout=5, graceful=False)
+                runner.stop()
+                return
+
+
 def _make_shell(ns: dict[str, Any]) -> Any:
     """A headless IPython shell, so remote cells get display(), magics and get_ipython()."""
     from IPython.core.interactiveshell import InteractiveShell
@@ -87,3 +251,11 @@ def _make_shell(ns: dict[str, Any]) -> Any:
     cfg = Config()
     cfg.HistoryManager.enabled = False
     return WorkerShell.instance(config=cfg, user_ns=ns)
+
+
+if __name__ == "__main__":
+    # run the module's own copy (rpcnb.worker), not this __main__ one: a remote cell's
+    # namespace becomes __main__ here
+    from rpcnb.worker import main as _main
+
+    _main()

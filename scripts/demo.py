@@ -1,8 +1,9 @@
 """Run the quickstart notebook headless and print what each cell showed.
 
 Executes ``notebooks/01_quickstart.ipynb`` in a fresh ``python3`` kernel with nbclient,
-prints every code cell's output, saves the executed copy under ``notebooks/executed/``,
-and fails if a cell raised or if a worker process outlived the kernel.
+prints every code cell's output, saves the executed copy under ``build/demo/`` (the
+committed ones in ``notebooks/executed/`` are ``make tutorials``'s), and fails if a cell
+raised or if a worker process outlived the kernel.
 
 Run it with the project's interpreter (``.venv/bin/python scripts/demo.py``, or
 ``make demo``): jupyter_client starts the ``python3`` kernel with ``sys.executable``.
@@ -24,7 +25,7 @@ from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
-EXECUTED = ROOT / "notebooks" / "executed" / "01_quickstart.ipynb"
+EXECUTED = ROOT / "build" / "demo" / "01_quickstart.ipynb"
 CELL_TIMEOUT = 120  # seconds per cell
 WORKER_MARK = b"from rpcnb.worker import main"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -36,6 +36,7 @@ class Output:
     events: list[tuple[float, str, Any]] = field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0
+    msg_id: str = ""
 
     @property
     def text(self) -> str:
@@ -61,11 +62,26 @@ class Kernel:
         self.kc.wait_for_ready(timeout=60)
         self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
         self.known: set[int] = {self.pid}
+        self.stray: list[dict[str, Any]] = []  # iopub messages of earlier cells, kept
+
+    def later(self, msg_id: str, until: Any = None, timeout: float = 30) -> list[dict[str, Any]]:
+        """Messages of the cell ``msg_id`` that came after it finished (a background cell
+        prints into the cell that started it), reading until ``until(messages)`` or
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            mine = [m for m in self.stray if m["parent_header"].get("msg_id") == msg_id]
+            if until is None or until(mine) or time.monotonic() > deadline:
+                return mine
+            try:
+                self.stray.append(self.kc.get_iopub_msg(timeout=0.1))
+            except Empty:
+                pass
 
     def execute(self, code: str, timeout: float = 120, allow_error: bool = False,
                 interrupt_after: float | None = None) -> Output:
         out = Output(started=time.monotonic())
-        msg_id = self.kc.execute(code)
+        msg_id = out.msg_id = self.kc.execute(code)
         deadline = time.monotonic() + timeout
         interrupted = False
         while True:
@@ -82,6 +98,8 @@ class Kernel:
             except Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
+                if msg["msg_type"] != "status":
+                    self.stray.append(msg)
                 continue
             kind, content = msg["msg_type"], msg["content"]
             now = time.monotonic()
@@ -119,6 +137,35 @@ class Kernel:
         except Exception:
             pass
         kill_all(sorted(self.known))
+
+
+def wait_until(cond: Any, timeout: float = 5.0, poll: float = 0.05) -> bool:
+    """Whether ``cond()`` became true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(poll)
+    return bool(cond())
+
+
+def run_watched(cmd: list[str], timeout: float, poll: float = 0.1,
+                **popen: Any) -> tuple[int | None, Any, Any, set[int]]:
+    """Run ``cmd`` to its end (``timeout`` seconds at most), noting every process it
+    starts; all of them are stopped by pid afterwards, also on failure. Returns the exit
+    code, stdout, stderr and the pids seen (its own included)."""
+    proc = subprocess.Popen(cmd, **popen)
+    seen = {proc.pid}
+    try:
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen.update(children_of(proc.pid))
+            time.sleep(poll)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        seen.update(children_of(proc.pid))
+        kill_all(sorted(p for p in seen if pid_alive(p)))
+    return proc.returncode, out, err, seen
 
 
 @pytest.fixture
@@ -205,3 +252,48 @@ def test_address():
         yield name, addr
     finally:
         subprocess.run(["ip", "link", "del", name], capture_output=True)
+
+
+# Network namespaces: a second "host" on this machine (tests/test_channel_model.py,
+# tests/test_two_hosts.py)
+
+
+def _netns_blocker() -> str | None:
+    if os.geteuid() != 0:
+        return f"creating network namespaces needs root; this test runs as uid {os.geteuid()}"
+    if shutil.which("ip") is None:
+        return "the 'ip' command (iproute2) is not installed"
+    probe = f"rpcnb-check-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"this machine does not let the test create a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this one by a veth pair on a private /30."""
+    why = _netns_blocker()
+    if why:
+        pytest.skip(why)
+    tag = os.getpid() % 100000
+    ns, here, there = f"rpcnb-t{tag}", f"rpv{tag}a", f"rpv{tag}b"
+    net = f"10.213.{tag % 250}"
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+        ["ip", "link", "set", there, "netns", ns],
+        ["ip", "addr", "add", f"{net}.1/30", "dev", here],
+        ["ip", "link", "set", here, "up"],
+        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/30", "dev", there],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield {"ns": ns, "here": here, "there": there}
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -65,47 +64,6 @@ def test_prediction_matches_tensorpipe_log(tmp_path, chosen, channel):
         assert "cma: not in worker2's --channels" in reason
     # rpcnb's default transport is uv (TensorPipe's shm transport busy-polls when idle)
     assert {p["transport"] for p in result["predicted"].values()} == {"uv"}
-
-
-def _netns_blocker() -> str | None:
-    if os.geteuid() != 0:
-        return f"creating network namespaces needs root; this test runs as uid {os.geteuid()}"
-    if shutil.which("ip") is None:
-        return "the 'ip' command (iproute2) is not installed"
-    probe = f"rpcnb-check-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"this machine does not let the test create a network namespace: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-@pytest.fixture
-def netns():
-    """A network namespace joined to this one by a veth pair on a private /30."""
-    why = _netns_blocker()
-    if why:
-        pytest.skip(why)
-    tag = os.getpid() % 100000
-    ns, here, there = f"rpcnb-t{tag}", f"rpv{tag}a", f"rpv{tag}b"
-    net = f"10.213.{tag % 250}"
-    steps = [
-        ["ip", "netns", "add", ns],
-        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
-        ["ip", "link", "set", there, "netns", ns],
-        ["ip", "addr", "add", f"{net}.1/30", "dev", here],
-        ["ip", "link", "set", here, "up"],
-        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/30", "dev", there],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
-    ]
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True)
-        yield {"ns": ns, "here": here, "there": there}
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_members_in_different_network_namespaces_use_uv(tmp_path, netns):

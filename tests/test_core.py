@@ -12,7 +12,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import children_of, kill_all, listening_addresses, pid_alive, worker_pids
+from conftest import children_of, listening_addresses, pid_alive, run_watched, worker_pids
 
 # The PyTorch CUDA RPC recipe (shared/seeds/000_00ff677fa0ebadd3.txt), kept with the tests
 # so they do not depend on where shared/ lies.
@@ -46,7 +46,7 @@ def test_device_map_is_checked_before_anything_starts(kernel):
     before = set(children_of(kernel.pid))
     t0 = time.monotonic()
     bad = kernel.execute(f"%rpc_init --workers 1 --device-map 1_0_{gpus}", allow_error=True)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15  # torch's own check: a minute (importing torch is most of this)
     if gpus == 0:
         assert "this machine has no CUDA devices" in bad.traceback
     else:
@@ -328,10 +328,12 @@ def test_rpc_workers_table(group):
     group.execute("%%remote worker1\n1")
     text = group.execute("%rpc_workers").text
     header = text.splitlines()[1].split()
-    assert header[:6] == ["name", "rank", "host", "pid", "kind", "devices"]
+    assert header[:7] == ["name", "rank", "host", "address", "pid", "kind", "devices"]
     assert "alive" in header and "calls" in header and "recent" in header
     rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[2:5]}
     assert rows["worker1"][1] == "1" and rows["worker2"][1] == "2"
+    # where each member's TensorPipe listens: loopback, named with its interface
+    assert all("127.0.0.1 (lo)" in " ".join(row) for row in rows.values()), text
     assert "process" in rows["worker1"] and "kernel" in rows["worker0"]
 
 
@@ -384,19 +386,10 @@ def test_python_api_from_a_script(tmp_path):
         "rpcnb.shutdown()\n"
         "print('done')\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    seen: set[int] = {proc.pid}
-    try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen.update(children_of(proc.pid))
-            time.sleep(0.1)
-        stdout, stderr = proc.communicate(timeout=5)
-    finally:
-        seen.update(children_of(proc.pid))
-        kill_all(sorted(seen))
-    assert proc.returncode == 0, stderr
+    returncode, stdout, stderr, seen = run_watched(
+        [sys.executable, str(script)], timeout=120, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert returncode == 0, stderr
     assert len(seen) >= 3  # the script and its two workers
     assert stdout.splitlines() == [
         "['worker0', 'worker1', 'worker2']", "[2.0, 2.0, 2.0]",

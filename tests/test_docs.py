@@ -1,12 +1,13 @@
 """The documentation site builds with Sphinx, warnings as errors, and has its key pages.
 
-Runs ``scripts/build_docs.py --no-execute`` (what ``make docs`` runs, minus executing the
-tutorials, which tests/test_notebooks.py does) into a temporary directory, so the
-repository's docs/_build is left alone.
+Runs ``scripts/build_docs.py --no-execute`` (what ``make docs`` runs, with the committed
+executed tutorials of notebooks/executed/ and no kernel: tests/test_notebooks.py runs the
+notebooks) into a temporary directory, so the repository's docs/_build is left alone.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+FIGURES = {"03_parameter_server": 1, "04_a3c": 1, "05_federated_averaging": 1,
+           "06_pipeline": 1, "07_channels_and_device_maps": 1}  # as in test_notebooks.py
 BUILD_TIMEOUT = 240  # seconds; about 10 s on the reference machine
 
 
@@ -42,7 +45,7 @@ def _page(site: Path, name: str) -> str:
                                   "magics.html", "channels.html", "architecture.html",
                                   "benchmarks.html", "security.html", "load.html", "troubleshooting.html",
                                   "tutorials.html", "api.html", "existing-code.html",
-                                  "panel.html"])
+                                  "settings.html", "clusters.html", "panel.html"])
 def test_page_exists(site: Path, name: str) -> None:
     _page(site, name)
 
@@ -52,7 +55,8 @@ def test_api_reference_documents_the_public_functions(site: Path) -> None:
     for name in ("rpcnb.init", "rpcnb.join", "rpcnb.run", "rpcnb.shutdown",
                  "rpcnb.cells.call.run", "rpcnb.errors.RemoteError",
                  "rpcnb.devicemap.DeviceMap", "rpcnb.channels.predict_group",
-                 "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary"):
+                 "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary",
+                 "rpcnb.cluster.attach", "rpcnb.doctor.check"):
         assert f'id="{name}"' in html, f"{name} is missing from the API reference"
     assert "as a cell and wait for it" in html  # rpcnb.run's docstring
 
@@ -60,7 +64,8 @@ def test_api_reference_documents_the_public_functions(site: Path) -> None:
 def test_magics_guide_covers_every_magic(site: Path) -> None:
     html = _page(site, "magics.html")
     for magic in ("%rpc_init", "%%remote", "%rpc_workers", "%rpc_shutdown", "%rpc_probe",
-                  "%rpc_channels", "%rpc_devmap"):
+                  "%rpc_channels", "%rpc_devmap", "%rpc_jobs", "%rpc_restart", "--bg",
+                  "--add", "%rpc_doctor"):
         assert magic in html, f"{magic} is missing from the magics guide"
 
 
@@ -69,6 +74,15 @@ def test_every_notebook_is_a_tutorial_page(site: Path, path: Path) -> None:
     html = _page(site, f"tutorials/{path.stem}.html")
     assert "rpc_shutdown" in html  # the code cells are rendered, down to the last one
     assert f"tutorials/{path.stem}.html" in _page(site, "tutorials.html")
+
+
+@pytest.mark.parametrize("stem", FIGURES, ids=list(FIGURES))
+def test_tutorial_pages_show_outputs_and_figures(site: Path, stem: str) -> None:
+    # the committed executed copy is published (a stale one fails tests/test_notebooks.py)
+    html = _page(site, f"tutorials/{stem}.html")
+    assert "rpcnb: left the group" in html, f"{stem}: the page shows no outputs"
+    images = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"', html)
+    assert len(images) == FIGURES[stem], f"{stem}: {len(images)} figures on the page"
 
 
 def test_screenshots_are_shipped(site: Path) -> None:

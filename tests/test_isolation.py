@@ -292,7 +292,7 @@ def test_a_plain_kernel_cannot_join_an_isolated_group(rpcnb_kernel, kernel):
     kernel.execute("%load_ext rpcnb")
     t0 = time.monotonic()
     refused = kernel.execute(join_line, allow_error=True)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15  # torch alone: a minute (its import is most of this)
     assert "runs in another network namespace" in refused.traceback
     assert "bob" not in first.execute("%rpc_workers").text
     first.execute("%rpc_shutdown")

@@ -13,10 +13,9 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from conftest import children_of, kill_all, pid_alive
+from conftest import run_watched
 
 PROGRAM = Path(__file__).parent / "data" / "batched_rl.py"
 STEPS, REPEATS, ROUNDS = 150, 3, 5
@@ -24,19 +23,10 @@ TARGET = 1.2
 
 
 def script_seconds(out: Path) -> float:
-    proc = subprocess.Popen([sys.executable, str(PROGRAM), str(out), str(STEPS), str(REPEATS)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    seen = {proc.pid}
-    try:
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen.update(children_of(proc.pid))
-            time.sleep(0.1)
-        output = proc.communicate(timeout=10)[0]
-    finally:
-        seen.update(children_of(proc.pid))
-        kill_all(sorted(p for p in seen if pid_alive(p)))
-    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    returncode, output, _, seen = run_watched(
+        [sys.executable, str(PROGRAM), str(out), str(STEPS), str(REPEATS)], timeout=180,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert returncode == 0, output.decode(errors="replace")[-3000:]
     assert len(seen) >= 4, "the script ran its three ranks in processes of their own"
     result = json.loads(out.read_text())
     assert result["calls"] == 2 * (10 + STEPS * REPEATS)

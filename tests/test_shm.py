@@ -16,7 +16,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive, worker_pids
+from conftest import children_of, kill_all, pid_alive, run_watched, wait_until, worker_pids
 
 import rpcnb
 from rpcnb import shm
@@ -76,15 +76,6 @@ def api_group():
             kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
-def wait_for(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 def test_large_tensors_arrive_equal_through_shared_memory(api_group):
     before = shm.stats()
     t = torch.randn(4 * MB // 4)
@@ -117,7 +108,7 @@ def test_copy_semantics_hold_under_buffer_reuse(api_group):
     # freeing the receiving tensor hands the buffer back; the next send reuses it
     rpc.rpc_sync("worker1", drop_kept)
     rpc.rpc_sync("worker2", drop_kept)
-    assert wait_for(lambda: shm.stats()["in_flight"] == 0)
+    assert wait_until(lambda: shm.stats()["in_flight"] == 0)
     buffers = shm.stats()["buffers"]
     rpc.rpc_sync("worker1", keep, args=(torch.zeros(MB),))
     assert shm.stats()["buffers"] == buffers
@@ -133,7 +124,7 @@ def test_views_keep_the_buffer_until_the_last_one_is_freed(api_group):
     time.sleep(0.2)
     assert rpc.rpc_sync("worker1", stats)["in_flight"] == 1
     del view
-    assert wait_for(lambda: rpc.rpc_sync("worker1", stats)["in_flight"] == 0)
+    assert wait_until(lambda: rpc.rpc_sync("worker1", stats)["in_flight"] == 0)
 
 
 def test_small_grad_and_disabled_keep_tensorpipe(api_group):
@@ -196,7 +187,7 @@ def test_no_buffers_left_after_shutdown_and_worker_kill():
         pid1 = state.current().procs["worker1"].pid
         assert any(f"-{pid1}-" in p for p in shm.leftovers(group))
         os.kill(pid1, signal.SIGKILL)
-        assert wait_for(lambda: not any(f"-{pid1}-" in p for p in shm.leftovers(group)))
+        assert wait_until(lambda: not any(f"-{pid1}-" in p for p in shm.leftovers(group)))
         assert fetched.sum().item() == MB  # still readable: unlinking keeps mappings
         seen.update(children_of(os.getpid()))
         rpcnb.shutdown()
@@ -218,7 +209,7 @@ def test_no_buffers_left_after_the_kernel_dies(group):
     pids = worker_pids(group)
     assert any(f"-{group.pid}-" in p for p in shm.leftovers(gid))
     os.kill(group.pid, signal.SIGKILL)
-    assert wait_for(lambda: not any(pid_alive(pids[n]) for n in ("worker1", "worker2")), 15)
+    assert wait_until(lambda: not any(pid_alive(pids[n]) for n in ("worker1", "worker2")), 15)
     assert shm.leftovers(gid) == []
 
 
@@ -251,19 +242,10 @@ def test_a_small_dev_shm_falls_back_with_one_warning(tmp_path):
     script.write_text(SMALL_SHM)
     cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
            f"mount -t tmpfs -o size=64M tmpfs /dev/shm && exec {sys.executable} {script}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
-    seen: set[int] = {proc.pid}
-    try:
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen.update(children_of(proc.pid))
-            time.sleep(0.2)
-        output = proc.communicate(timeout=10)[0]
-    finally:
-        seen.update(children_of(proc.pid))
-        kill_all(sorted(p for p in seen if pid_alive(p)))
-    assert proc.returncode == 0, output[-4000:]
+    returncode, output, _, seen = run_watched(
+        cmd, timeout=180, poll=0.2, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
+    assert returncode == 0, output[-4000:]
     assert [ln for ln in output.splitlines() if ln.startswith("ok")] == ["ok 16", "ok 48", "ok 100"]
     warnings = [ln for ln in output.splitlines() if "goes over TensorPipe instead" in ln]
     assert len(warnings) == 1, output[-4000:]
@@ -286,8 +268,8 @@ def test_idle_buffers_are_given_back(monkeypatch):
         assert rpc.rpc_sync("worker1", keep, args=(torch.ones(4 * MB),)) == 4 * MB
         assert shm.stats()["pool_bytes"] >= 4 * MB and shm.leftovers(group)
         rpc.rpc_sync("worker1", drop_kept)  # the worker lets go of the tensor
-        assert wait_for(lambda: shm.stats()["pool_bytes"] == 0, timeout=10)
-        assert wait_for(lambda: rpc.rpc_sync("worker1", stats)["mapped_bytes"] == 0, timeout=10)
+        assert wait_until(lambda: shm.stats()["pool_bytes"] == 0, timeout=10)
+        assert wait_until(lambda: rpc.rpc_sync("worker1", stats)["mapped_bytes"] == 0, timeout=10)
         assert shm.leftovers(group) == []
         # and the path still works afterwards
         assert rpc.rpc_sync("worker1", keep, args=(torch.ones(4 * MB),)) == 4 * MB

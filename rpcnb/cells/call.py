@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import queue
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, machine, protocol, roster, state, telemetry
+from rpcnb import errors, machine, progress, protocol, roster, state, telemetry
 from rpcnb.cells.output import Printer, large
 from rpcnb.errors import RemoteError, WorkerDiedError
 from rpcnb.state import Session
@@ -54,22 +55,107 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     Raises RemoteError (with ``.worker``) for an exception on the worker.
     """
     s = state.current()
+    names, many = prepare(s, target, source, timeout)
+    busy = [f"{w} ({', '.join(f'[{i}]' for i in ids)})"
+            for w, ids in background_on(s, names).items()]
+    if busy:
+        print(errors.QUEUED_BEHIND.format(workers="; ".join(busy)), file=sys.stderr)
+    sent = send(s, names, source, fetch, push)
+    try:
+        wait(s, sent, timeout, prefix=many)
+    finally:
+        sent.forget(s)
+    return sent.outcome(many)
+
+
+def prepare(s: Session, target: str | Iterable[str] | None, source: str,
+            timeout: float | None) -> tuple[list[str], bool]:
+    """Check a cell before it is sent: the worker names, and whether several are named."""
     if not isinstance(source, str) or not source.strip():
         raise ValueError(errors.EMPTY_CELL.format(target=target or "the workers"))
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
-    names, many = roster.resolve(s, target)
+    return roster.resolve(s, target)
 
-    inbox: queue.Queue[tuple[str, str, int, list[Any]]] = queue.Queue()
-    calls: dict[str, Call] = {}
-    start = telemetry.now()
-    t0 = time.perf_counter()
+
+def background_on(s: Session, names: list[str]) -> dict[str, list[int]]:
+    """The ids of the background cells still running (or queued) on each of ``names``."""
+    busy: dict[str, list[int]] = {}
+    with s.lock:
+        jobs = [j for j in s.background.values() if not j.ready()]
+    for job in jobs:
+        for w in job.pending_workers():
+            if w in names:
+                busy.setdefault(w, []).append(job.id)
+    return busy
+
+
+@dataclass
+class Sent:
+    """The calls of one remote cell, sent: what ``wait`` follows and ``outcome`` reads."""
+
+    calls: dict[str, Call]
+    inbox: queue.Queue[tuple[str, str, int, list[Any]]]
+    start: float
+    t0: float
+    timeout: float | None = None
+    late: list[str] = field(default_factory=list)  # still running when the wait gave up
+    transfers: progress.Transfers = field(default_factory=progress.Transfers)
+    interrupted: bool = False
+
+    def forget(self, s: Session) -> None:
+        """Stop routing output to these calls, and keep their timings."""
+        with s.lock:
+            for cid in self.calls:
+                s.calls.pop(cid, None)
+        elapsed = time.perf_counter() - self.t0
+        for call in self.calls.values():
+            telemetry.record(call.worker, "cell", self.start, elapsed, ok=call.error is None)
+
+    def interrupt(self, s: Session) -> None:
+        """Interrupt the cell on every worker still running it (or drop it from their
+        queues); once, whoever asks first (the waiting thread, or ``cancel()`` at once)."""
+        with s.lock:
+            if self.interrupted:
+                return
+            self.interrupted = True
+        for c in self.calls.values():
+            if not c.done and c.worker not in s.dead:
+                try:
+                    protocol.call_async(s.token, c.worker, "interrupt", c.call_id, timeout=5)
+                except Exception:
+                    pass
+
+    def outcome(self, many: bool) -> Any:
+        """The result (see ``run``), or the error to raise."""
+        failures = {c.worker: c.error for c in self.calls.values() if c.error is not None}
+        if failures:
+            remote = {w: e for w, e in failures.items() if isinstance(e, RemoteError)}
+            other = [e for e in failures.values() if not isinstance(e, RemoteError)]
+            if other:
+                raise other[0]
+            if len(remote) == 1:
+                raise next(iter(remote.values()))
+            raise errors.CompositeRemoteError(remote)
+        results = {c.worker: c.result for c in self.calls.values()}
+        if many:
+            # statements only (no value anywhere): show nothing, as a single cell would
+            return results if any(r is not None for r in results.values()) else None
+        return next(iter(results.values()))
+
+
+def send(s: Session, names: list[str], source: str, fetch: bool,
+         push: dict[str, Any] | None) -> Sent:
+    """Send the cell to each of ``names``; their output goes to the returned ``Sent``."""
+    sent = Sent({}, queue.Queue(), telemetry.now(), time.perf_counter())
+    pushed = progress.payload_bytes(list((push or {}).values()))
     try:
         for name in names:
-            call = Call(uuid.uuid4().hex, name, inbox)
+            sent.transfers.start(name, f"--push to {name}:", pushed)
+            call = Call(uuid.uuid4().hex, name, sent.inbox)
             with s.lock:
                 s.calls[call.call_id] = call
-            calls[call.call_id] = call
+            sent.calls[call.call_id] = call
             try:
                 call.future = protocol.call_async(
                     s.token, name, "run_cell", call.call_id, s.name, source, fetch,
@@ -77,29 +163,12 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             except Exception as exc:  # it could not be pickled: nothing was sent
                 raise _push_error(push or {}, exc) from exc
             call.future.add_done_callback(
-                lambda _f, cid=call.call_id: inbox.put(("__done__", cid, -1, [])))
-        _wait(s, calls, inbox, timeout, prefix=many)
-    finally:
-        with s.lock:
-            for cid in calls:
-                s.calls.pop(cid, None)
-    elapsed = time.perf_counter() - t0
-    for call in calls.values():
-        telemetry.record(call.worker, "cell", start, elapsed, ok=call.error is None)
-    failures = {c.worker: c.error for c in calls.values() if c.error is not None}
-    if failures:
-        remote = {w: e for w, e in failures.items() if isinstance(e, RemoteError)}
-        other = [e for e in failures.values() if not isinstance(e, RemoteError)]
-        if other:
-            raise other[0]
-        if len(remote) == 1:
-            raise next(iter(remote.values()))
-        raise errors.CompositeRemoteError(remote)
-    results = {c.worker: c.result for c in calls.values()}
-    if many:
-        # statements only (no value anywhere): show nothing, as a single cell would
-        return results if any(r is not None for r in results.values()) else None
-    return results[names[0]]
+                lambda _f, cid=call.call_id: sent.inbox.put(("__done__", cid, -1, [])))
+    except BaseException:
+        sent.transfers.close(ok=False)
+        sent.forget(s)
+        raise
+    return sent
 
 
 def _push_error(push: dict[str, Any], exc: Exception) -> Exception:
@@ -124,9 +193,25 @@ def deliver(s: Session, call_id: str, worker: str, seq: int, items: list[Any]) -
         call.inbox.put((call_id, worker, seq, items))
 
 
-def _wait(s: Session, calls: dict[str, Call], inbox: queue.Queue[Any],
-          timeout: float | None, prefix: bool) -> None:
+def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
+         cancel: threading.Event | None = None) -> None:
+    """Print the cell's output as it arrives until every call has ended. An interrupt of
+    this thread, ``timeout`` or ``cancel`` interrupts the cell on the workers; a worker
+    that has not stopped ``INTERRUPT_GRACE`` seconds later is left running it (listed in
+    ``sent.late``). KeyboardInterrupt, TimeoutError and ``Cancelled`` say which ended it.
+    """
+    calls, inbox = sent.calls, sent.inbox
+    sent.timeout = timeout
     printer = Printer(prefix)
+
+    def on_progress(payload: dict[str, Any]) -> None:
+        worker = str(payload.get("worker", ""))
+        if payload.get("stage") == "received":
+            sent.transfers.end(worker)
+        elif payload.get("stage") == "sending":
+            sent.transfers.start(worker, f"--fetch from {worker}:", int(payload["bytes"]))
+
+    printer.on_progress = on_progress
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted_at: float | None = None
     reason: BaseException | None = None
@@ -163,12 +248,7 @@ def _wait(s: Session, calls: dict[str, Call], inbox: queue.Queue[Any],
                 pass
 
     def interrupt_all() -> None:
-        for c in calls.values():
-            if not c.done and c.worker not in s.dead:
-                try:
-                    protocol.call_async(s.token, c.worker, "interrupt", c.call_id, timeout=5)
-                except Exception:
-                    pass
+        sent.interrupt(s)
 
     try:
         while True:
@@ -186,6 +266,10 @@ def _wait(s: Session, calls: dict[str, Call], inbox: queue.Queue[Any],
                 now = time.monotonic()
                 if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
                     break
+                if cancel is not None and cancel.is_set() and interrupted_at is None:
+                    reason = Cancelled()
+                    interrupted_at = now
+                    interrupt_all()
                 if deadline is not None and now > deadline and interrupted_at is None:
                     reason = TimeoutError()
                     interrupted_at = now
@@ -197,18 +281,39 @@ def _wait(s: Session, calls: dict[str, Call], inbox: queue.Queue[Any],
                 interrupted_at = time.monotonic()
                 interrupt_all()
     finally:
+        sent.transfers.close(ok=all(c.done and c.error is None for c in calls.values()))
         printer.finish()
         if printer.large:  # printed and flushed: give the memory back (docs: load)
             machine.give_back_memory(min_interval=0)
+    sent.late = [c.worker for c in calls.values() if not c.done]
+    if reason is None and cancel is not None and cancel.is_set() and any(
+            isinstance(c.error, RemoteError) and c.error.ename == "KeyboardInterrupt"
+            for c in calls.values()):
+        reason = Cancelled()  # cancel() interrupted it before this thread looked
     if isinstance(reason, KeyboardInterrupt):
         raise KeyboardInterrupt
+    if isinstance(reason, Cancelled):
+        raise Cancelled(sent.late)
     if isinstance(reason, TimeoutError):
-        late = [c.worker for c in calls.values()
-                if not c.done or (c.error is not None and isinstance(c.error, RemoteError)
-                                  and c.error.ename == "KeyboardInterrupt")]
-        if late:
-            raise TimeoutError(errors.CALL_TIMEOUT.format(name=", ".join(late),
+        stopped = [c.worker for c in calls.values()
+                   if c.done and isinstance(c.error, RemoteError)
+                   and c.error.ename == "KeyboardInterrupt"]
+        if sent.late:
+            raise TimeoutError(errors.CALL_TIMEOUT_RUNNING.format(
+                name=", ".join(sent.late), timeout=timeout, grace=INTERRUPT_GRACE,
+                first=sent.late[0]))
+        if stopped:
+            raise TimeoutError(errors.CALL_TIMEOUT.format(name=", ".join(stopped),
                                                           timeout=timeout))
+
+
+class Cancelled(Exception):
+    """A background cell was cancelled; ``late``: the workers still running it."""
+
+    def __init__(self, late: list[str] | None = None) -> None:
+        self.late = list(late or [])
+        super().__init__(errors.CANCELLED_RUNNING.format(name=", ".join(self.late))
+                         if self.late else errors.CANCELLED)
 
 
 def _check_call(s: Session, call: Call) -> None:

@@ -293,6 +293,7 @@ class Printer:
         self.partial: dict[tuple[str, str], str] = {}
         self.wrote = False
         self.large = False  # a large batch went through: give memory back at the end
+        self.on_progress: Any = None  # called with a "progress" item's payload
 
     def stream(self, worker: str, name: str, text: str) -> None:
         self.wrote = True
@@ -308,6 +309,10 @@ class Printer:
             out.write("".join(f"[{worker}] {line}\n" for line in lines))
 
     def display(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "progress":  # a transfer's stages (rpcnb.progress.Transfers)
+            if self.on_progress is not None:
+                self.on_progress(payload)
+            return
         self.wrote = True
         try:
             from IPython.display import clear_output, publish_display_data

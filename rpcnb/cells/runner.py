@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, protocol, shm, state
+from rpcnb import errors, progress, protocol, shm, state
 from rpcnb.cells.output import Capture, router
 
 
@@ -53,6 +53,7 @@ class Job:
     future: Any  # a torch Future the result is set on
     filename: str = ""
     started: float = field(default_factory=time.monotonic)
+    capture: Any = None  # its output's Capture, while it runs
 
 
 class CellRunner:
@@ -64,6 +65,7 @@ class CellRunner:
         self.shell = shell
         self.cells_run = 0
         self.on_main = False  # a worker process's runner owns the main thread
+        self.kind_name: str | None = None  # what %rpc_workers calls it, when not the default
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._current: Job | None = None
@@ -73,7 +75,10 @@ class CellRunner:
 
     @property
     def kind(self) -> str:
-        """"process" for a worker process rpcnb started, "kernel" for a kernel."""
+        """"process" for a worker process rpcnb started, "kernel" for a kernel, or what
+        ``kind_name`` says ("engine", "headless")."""
+        if self.kind_name:
+            return self.kind_name
         return "process" if self.on_main else "kernel"
 
     # -- called from RPC threads
@@ -127,9 +132,11 @@ class CellRunner:
             return
         self.cells_run += 1
         job.filename = f"<{self.name} cell {self.cells_run}>"
-        cap = Capture(job.call_id, job.caller, self.name, job.token)
+        cap = job.capture = Capture(job.call_id, job.caller, self.name, job.token)
         router.enter(cap, process_wide=self.on_main)
         t0 = time.perf_counter()
+        if job.push and progress.payload_bytes(list(job.push.values())) >= progress.LARGE_TRANSFER:
+            cap.display("progress", {"stage": "received", "worker": self.name})
         try:
             with self._lock:
                 self._current = job
@@ -168,6 +175,10 @@ class CellRunner:
                     evalue=errors.NOT_PICKLABLE.format(
                         name=self.name, type=type(value).__name__, reason=exc),
                 )
+            nbytes = progress.payload_bytes(value)
+            if nbytes >= progress.LARGE_TRANSFER:
+                job.capture.display("progress", {"stage": "sending", "worker": self.name,
+                                                 "bytes": nbytes})
             return CellResult(self.name, True, value=value, has_value=True)
         return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
 

@@ -1,0 +1,233 @@
+"""Progress the user can watch: one line updated in place (a display in a notebook, a
+carriage return in a terminal), a bar for work of known size, a ticker for work of
+unknown length (a large transfer, which TensorPipe does in one piece), and a board with
+one row per worker for ``%rpc_init``. Nothing here talks to other members.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from rpcnb import text
+
+LARGE_TRANSFER = 100 << 20  # bytes from which --push/--fetch show progress
+MIN_INTERVAL = 0.1  # seconds between two updates of a display
+
+
+def shell() -> Any:
+    """The IPython shell of this process, or None (a plain script)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return None
+    return get_ipython()
+
+
+def _notebook() -> bool:
+    sh = shell()
+    return sh is not None and getattr(sh, "kernel", None) is not None
+
+
+def _terminal() -> bool:
+    """IPython in a terminal, or a script whose output is a terminal."""
+    if shell() is not None:
+        return True
+    try:
+        return sys.stdout.isatty()
+    except Exception:
+        return False
+
+
+class _Text:
+    """A plain-text display object (shown as is in a notebook)."""
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+
+    def __repr__(self) -> str:
+        return self.body
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return (f"<pre class='rpcnb-progress' style='margin:0'>{html.escape(self.body)}"
+                "</pre>")
+
+
+class Line:
+    """One line (or block) of text updated in place."""
+
+    def __init__(self, body: str = "", *, terminal_lines: bool = False) -> None:
+        self._handle: Any = None
+        self._last = 0.0
+        self._shown = ""
+        self._terminal_lines = terminal_lines  # a terminal gets a line per change
+        self.closed = False
+        if _notebook():
+            from IPython.display import display
+
+            self._handle = display(_Text(body), display_id=True)
+            self._shown = body
+        elif body:
+            self._write(body)
+
+    def update(self, body: str, force: bool = False) -> None:
+        if self.closed or body == self._shown:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < MIN_INTERVAL:
+            return
+        self._last = now
+        self._shown = body
+        if self._handle is not None:
+            self._handle.update(_Text(body))
+        else:
+            self._write(body)
+
+    def close(self, body: str | None = None) -> None:
+        if body is not None:
+            self.update(body, force=True)
+        if not self.closed and self._handle is None and not self._terminal_lines:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        self.closed = True
+
+    def _write(self, body: str) -> None:
+        if self._terminal_lines:
+            sys.stdout.write(body + "\n")
+        else:
+            sys.stdout.write("\r" + body)
+        sys.stdout.flush()
+
+
+def bar(done: float, total: float, width: int = 24) -> str:
+    """``[#####-------]`` for ``done`` of ``total``."""
+    fill = int(width * min(1.0, done / total)) if total > 0 else width
+    return "[" + "#" * fill + "-" * (width - fill) + "]"
+
+
+def size(nbytes: float) -> str:
+    """1.5 GB, 300 MB, 12 KB."""
+    for unit, shift in (("GB", 30), ("MB", 20), ("KB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def payload_bytes(value: Any, depth: int = 2) -> int:
+    """Bytes of the tensors and arrays in ``value`` (looking into lists, tuples and dicts
+    ``depth`` levels down): what a transfer of it moves, roughly."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if type(value).__module__.startswith("torch") and hasattr(value, "element_size"):
+        try:
+            return int(value.element_size() * value.nelement())
+        except Exception:
+            return 0
+    if depth <= 0:
+        return 0
+    if isinstance(value, dict):
+        return sum(payload_bytes(v, depth - 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v, depth - 1) for v in value)
+    return 0
+
+
+class Transfers:
+    """The tickers of one remote cell's large transfers: ``--push`` until the worker has
+    the values (its cell starts), ``--fetch`` from when the worker sends the value."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Ticker] = {}
+
+    def start(self, worker: str, what: str, nbytes: int) -> None:
+        if nbytes >= LARGE_TRANSFER:
+            self.end(worker)
+            self.open[worker] = Ticker(what, nbytes)
+
+    def end(self, worker: str, ok: bool = True) -> None:
+        ticker = self.open.pop(worker, None)
+        if ticker is not None:
+            ticker.done(ok)
+
+    def close(self, ok: bool = True) -> None:
+        for worker in list(self.open):
+            self.end(worker, ok)
+
+
+class Ticker:
+    """A transfer of known size but no known progress inside it (one TensorPipe message,
+    one shared-memory copy): a moving bar with the seconds so far, then its rate."""
+
+    def __init__(self, what: str, nbytes: int) -> None:
+        self.what = what
+        self.nbytes = nbytes
+        self.t0 = time.monotonic()
+        self.line = Line(self._body())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.line._handle is not None:  # a terminal shows the final line only
+            self._thread = threading.Thread(target=self._tick, name="rpcnb-progress",
+                                            daemon=True)
+            self._thread.start()
+
+    def _body(self) -> str:
+        t = time.monotonic() - self.t0
+        pos = int(t * 8) % 24
+        moving = "-" * pos + "###" + "-" * (24 - pos)
+        return f"{self.what} {size(self.nbytes)} [{moving[:24]}] {t:.1f} s"
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.25):
+            self.line.update(self._body())
+
+    def done(self, ok: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1)
+        t = max(time.monotonic() - self.t0, 1e-9)
+        end = (f"{self.what} {size(self.nbytes)} {bar(1, 1)} {t:.1f} s, "
+               f"{size(self.nbytes / t)}/s" if ok else f"{self.what} {size(self.nbytes)}: stopped")
+        self.line.close(end)
+
+
+class Board:
+    """One row per worker as a group starts: its state and when it got there."""
+
+    def __init__(self, title: str, names: list[str]) -> None:
+        self.title = title
+        self.t0 = time.monotonic()
+        self.rows: dict[str, tuple[str, float]] = {n: ("starting", 0.0) for n in names}
+        self.notebook = _notebook()
+        self.quiet = not self.notebook and not _terminal()  # a script piped to a file
+        self.line: Line | None = None
+        if not self.quiet:
+            self.line = Line(self._body() if self.notebook else "", terminal_lines=True)
+
+    def _body(self) -> str:
+        rows = [("worker", "state", "seconds")]
+        rows += [(n, st, f"{t:.1f}") for n, (st, t) in self.rows.items()]
+        return f"{self.title}\n{text.table(rows)}"
+
+    def set(self, name: str, state: str) -> None:
+        if self.rows.get(name, ("", 0.0))[0] == state:
+            return
+        self.rows[name] = (state, time.monotonic() - self.t0)
+        if self.line is None:
+            return
+        if self.notebook:
+            self.line.update(self._body(), force=True)
+        else:
+            self.line.update(f"rpcnb: {name} {state} ({self.rows[name][1]:.1f} s)", force=True)
+
+    def close(self, summary: str | None = None) -> None:
+        """The board becomes ``summary`` in a notebook (the group table follows it)."""
+        if self.line is None:
+            return
+        if self.notebook and summary:
+            self.line.update(summary, force=True)
+        self.line.closed = True

@@ -1,0 +1,107 @@
+"""%rpc_doctor: each finding produced on purpose on a real member and seen in the report.
+A headless worker runs in a private mount namespace with a 32 MB /dev/shm (as a container
+gives) and a container marker; the connection file is opened to other users. Rules that
+need a machine-wide setting (ptrace scope, InfiniBand, clock skew) are checked on this
+process's real report with that one fact changed: changing them on the machine would
+change them for every other process on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import worker_pids
+
+from rpcnb import doctor
+from rpcnb.launch import kill_all
+
+
+def _private_shm_blocker() -> str | None:
+    if os.geteuid() != 0:
+        return f"mounting a private /dev/shm needs root; this test runs as uid {os.geteuid()}"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=32m tmpfs /dev/shm"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"this machine does not let the test mount a private /dev/shm: {probe.stderr.strip()}"
+    return None
+
+
+def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_path):
+    why = _private_shm_blocker()
+    if why:
+        pytest.skip(why)
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1")
+    conn = kernel.value("str(__import__('rpcnb.state').state.current().connection_path)")
+    log = tmp_path / "tiny.log"
+    env = dict(os.environ, container="podman", PYTHONPATH=str(Path(__file__).parents[1]))
+    script = ("mount -t tmpfs -o size=32m tmpfs /dev/shm && exec \"$0\" -m rpcnb.worker "
+              f"--join {conn} --name tiny --no-shm")
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                 script, sys.executable], stdout=f, stderr=subprocess.STDOUT,
+                                env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while "tiny" not in worker_pids(kernel) and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.3)
+        assert "tiny" in worker_pids(kernel), log.read_text()[-2000:]
+
+        text = kernel.execute("%rpc_doctor").stdout
+        lines = text.splitlines()
+        shm = next(i for i, line in enumerate(lines) if "tiny" in line and "/dev/shm" in line)
+        assert lines[shm].startswith("!!") and "32 MB" in lines[shm], text
+        assert "containers default to 64 MB" in lines[shm + 1], text
+        assert any("tiny" in line and "container=podman" in line for line in lines), text
+        assert "1 problem found" in text, text
+
+        found = json.loads(kernel.execute("%rpc_doctor --json").stdout)
+        by = {(f["member"], f["check"]): f for f in found}
+        assert by[("worker1", "/dev/shm")]["level"] == "ok"  # the machine's own /dev/shm
+        assert by[("tiny", "/dev/shm")]["level"] == "warn"
+        assert "container=podman" not in by.get(("worker1", "container"), {}).get("detail", "")
+        assert by[("worker0", "token")]["level"] == "ok"
+        assert by[("all", "versions")]["level"] == "ok"
+        assert "127.0.0.1 (lo)" in by[("tiny", "interface")]["detail"]
+        assert by[("tiny", "clock")]["level"] == "ok"
+
+        os.chmod(conn, 0o644)  # a connection file others can read: the secret is out
+        text = kernel.execute("%rpc_doctor").stdout
+        assert f"chmod 600 {conn}" in text and "2 problems found" in text, text
+        os.chmod(conn, 0o600)
+        kernel.execute("%rpc_shutdown")
+        proc.wait(30)
+        assert proc.returncode == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            pids = [proc.pid]
+            proc.kill()
+            proc.wait(5)
+            kill_all(pids)
+
+
+def test_doctor_rules_on_this_process_report():
+    here = doctor.local_report()
+    assert here["pid"] == os.getpid() and here["shm_total"] > 0
+
+    def one(**changed):
+        return {(f.check, f.level): f for f in doctor.findings({"w": dict(here, **changed)})}
+
+    f = one(ptrace_scope=2)[("cma", "warn")]
+    assert "ptrace_scope" in f.todo
+    f = one(ib={"mlx5_0": ["1: 4: ACTIVE"], "mlx5_1": ["1: 4: ACTIVE"]}, fork_safe={})
+    assert ("infiniband", "warn") in f and ("rdma fork", "warn") in f
+    assert "RDMAV_FORK_SAFE=1" in f[("rdma fork", "warn")].todo
+    assert ("clock", "warn") in one(skew_s=3.0) and ("clock", "ok") in one(skew_s=0.01)
+    two = doctor.findings({"a": here, "b": dict(here, torch="2.4.0")})
+    assert {f.member for f in two if f.check == "versions" and f.level == "warn"} == {"a", "b"}
