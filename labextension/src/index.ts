@@ -45,6 +45,10 @@ class Link {
   private detail = 'summary';
   private nextId = 1;
   private pending = new Map<number, (reply: any) => void>();
+  // set by a kernel restart: connect again once the new kernel is idle (only then: a
+  // kernel without rpcnb answers each open with a close, and every open makes it busy
+  // and idle again, so opening on every idle would never stop)
+  private reopen = false;
 
   follow(notebook: NotebookPanel | null): void {
     if (notebook === this.notebook) {
@@ -98,8 +102,10 @@ class Link {
     const status = this.notebook?.sessionContext.kernelDisplayStatus;
     if (status === 'restarting' || status === 'autorestarting') {
       this.closeComm();
+      this.reopen = true;
       this.set({ state: 'connecting' });
-    } else if (status === 'idle' && this.kernel && !this.comm) {
+    } else if (status === 'idle' && this.reopen && this.kernel && !this.comm) {
+      this.reopen = false;
       this.open();
     }
   }
@@ -112,6 +118,7 @@ class Link {
       return;
     }
     this.closeComm();
+    this.reopen = false;
     if (this.kernel && !this.kernel.isDisposed) {
       this.kernel.removeCommTarget(TARGET, this.onHello);
     }
