@@ -24,13 +24,14 @@ LABEXT_BUILT := $(LABEXT)/build/package.json
 # install, which copies labextension/build into $(VENV)/share/jupyter/labextensions/rpcnb;
 # building it needs JupyterLab's jlpm and jupyter-builder, so JupyterLab comes first, with
 # the build requirements of pyproject.toml, so that the install builds in $(VENV) without
-# a throw-away environment of its own (JupyterLab again: two minutes on a fresh machine).
+# a throw-away environment of its own (JupyterLab again: two minutes on a fresh machine);
+# editables is what hatchling needs for an editable install.
 $(STAMP): pyproject.toml $(wildcard kernelspec/*) $(LABEXT_SRC)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --retries 1 torch==2.13.0 --index-url $(TORCH_INDEX)
-	$(BIN)/pip install 'jupyterlab>=4.6,<5' 'hatchling>=1.21' 'hatch-jupyter-builder>=0.9'
+	$(BIN)/pip install 'jupyterlab>=4.6,<5' 'hatchling>=1.21' 'hatch-jupyter-builder>=0.9' editables
 	$(MAKE) labextension
-	$(BIN)/pip install --no-build-isolation -e '.[test]'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --no-build-isolation -e '.[test]'
 	touch $@
 
 .venv venv: $(STAMP)
