@@ -146,8 +146,11 @@ def test_sshd_listens_only_on_the_test_address(sshd, netns):
     # a key that is not in authorized_keys is refused
     stranger = sshd["dir"] / "stranger"
     _keygen(stranger)
-    out = subprocess.run(["ssh", "-F", str(sshd["ssh_config"]), "-i", str(stranger), HOST,
-                          "true"], capture_output=True, text=True, timeout=30)
+    config = sshd["ssh_config"].read_text().replace(str(sshd["dir"] / "client_key"),
+                                                     str(stranger))
+    (sshd["dir"] / "stranger_config").write_text(config)
+    out = subprocess.run(["ssh", "-F", str(sshd["dir"] / "stranger_config"), HOST, "true"],
+                         capture_output=True, text=True, timeout=30)
     assert out.returncode == 255 and "Permission denied" in out.stderr, out.stderr
 
 
@@ -189,7 +192,7 @@ def test_ssh_launcher_engines_are_a_group(sshd, netns, kernel, tmp_path):
     kernel.execute("%%remote worker2 --push x\ny = x * 3")
     kernel.execute("import rpcnb.cluster\nrc = rpcnb.cluster.client()")
     assert kernel.value("float(rc[1].pull('y', block=True).sum())") == 150000.0
-    got = kernel.execute("%%remote worker2 --fetch\nimport torch.distributed.rpc as rpc\n"
+    got = kernel.execute("%%remote worker2 --fetch\nimport torch, torch.distributed.rpc as rpc\n"
                          "float(rpc.rpc_sync('worker1', torch.add, args=(y, 1)).sum())").text
     assert float(got) == 200000.0
 
