@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import private_shm_blocker, small_shm_worker, worker_pids
