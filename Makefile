@@ -70,17 +70,26 @@ chromium:
 
 # Debian's Open MPI for ipyparallel's MPI launcher (tests/test_cluster.py; mpi4py is in
 # the test extra), Slurm and munge for tests/test_slurm.py (which runs daemons of its own,
-# never the machine's) and iproute2 (ip netns, ss) for tests/test_two_hosts.py: installed
-# when missing if we are root with apt-get; otherwise those tests skip and say why.
-CLUSTER_TOOLS := mpiexec ip ss /usr/sbin/slurmd /usr/sbin/slurmctld /usr/sbin/munged srun
+# never the machine's), iproute2 (ip netns, ss) for tests/test_two_hosts.py and OpenSSH's
+# server for tests/test_ssh.py (which runs an sshd of its own in a test network namespace):
+# installed when missing if we are root with apt-get; otherwise those tests skip and say
+# why. The packages' services are not started (a policy-rc.d for the install, where the
+# machine has none) and sshd is not enabled at boot: nothing comes to listen on the network.
+CLUSTER_TOOLS := mpiexec ip ss /usr/sbin/slurmd /usr/sbin/slurmctld /usr/sbin/munged srun /usr/sbin/sshd
 .PHONY: cluster-deps
 cluster-deps:
 	@missing=; for t in $(CLUSTER_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update && apt-get install -y openmpi-bin iproute2 slurmd slurmctld slurm-client munge; \
+	    policy=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && policy=1; \
+	    fi; \
+	    apt-get update && apt-get install -y openmpi-bin iproute2 slurmd slurmctld slurm-client munge openssh-server; \
+	    rc=$$?; [ -z "$$policy" ] || rm -f /usr/sbin/policy-rc.d; \
+	    if [ -d /run/systemd/system ]; then systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true; fi; \
+	    exit $$rc; \
 	  else \
-	    echo "openmpi-bin, iproute2, slurm or munge are missing and cannot be installed here (needs root and apt-get)"; \
+	    echo "openmpi-bin, iproute2, slurm, munge or openssh-server are missing and cannot be installed here (needs root and apt-get)"; \
 	  fi; \
 	fi
 

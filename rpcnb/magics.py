@@ -369,8 +369,9 @@ class RpcMagics(Magics):
 
     @magic_arguments()
     @argument("--json", action="store_true", help="print the findings as JSON, for scripts")
+    @argument("--text", action="store_true", help="print the findings as text, no widget")
     @line_magic
-    def rpc_doctor(self, line: str) -> None:
+    def rpc_doctor(self, line: str) -> Any:
         """Check every member (/dev/shm, ptrace scope, container, CUDA, InfiniBand, RDMA
         fork safety, interfaces, versions, clocks, the token's file) and say what to do."""
         args = _parse(self.rpc_doctor, line)
@@ -385,8 +386,16 @@ class RpcMagics(Magics):
             import json
 
             print(json.dumps(doctor.to_json(found), indent=1))
-        else:
-            print(doctor.describe(found))
+            return None
+        if not args.text:
+            try:
+                from rpcnb.widgets.doctor_report import DoctorReport
+            except ImportError:  # without anywidget the text is the whole report
+                pass
+            else:
+                return DoctorReport(found)  # its plain-text form is the text below
+        print(doctor.describe(found))
+        return None
 
     @magic_arguments()
     @argument("--interval", type=float, default=0.5,

@@ -271,6 +271,33 @@ def _netns_blocker() -> str | None:
     return None
 
 
+def private_shm_blocker() -> str | None:
+    """Why a worker cannot get a private, small /dev/shm here (None when it can)."""
+    if os.geteuid() != 0:
+        return f"mounting a private /dev/shm needs root; this test runs as uid {os.geteuid()}"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=32m tmpfs /dev/shm"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"this machine does not let the test mount a private /dev/shm: {probe.stderr.strip()}"
+    return None
+
+
+def small_shm_worker(connection: str, name: str, log: Path) -> subprocess.Popen:
+    """A headless worker that joins with ``connection`` as ``name`` from a private mount
+    namespace with a 32 MB /dev/shm, and looks like it runs in a container (podman's
+    ``container`` variable): what %rpc_doctor must report. The caller stops it by pid."""
+    env = dict(os.environ, container="podman", PYTHONPATH=str(Path(__file__).parents[1]))
+    script = ("mount -t tmpfs -o size=32m tmpfs /dev/shm && exec \"$0\" -m rpcnb.worker "
+              f"--join {connection} --name {name} --no-shm")
+    with open(log, "wb") as f:
+        return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                 script, sys.executable], stdout=f, stderr=subprocess.STDOUT,
+                                env=env)
+
+
 @pytest.fixture
 def netns():
     """A network namespace joined to this one by a veth pair on a private /30."""

@@ -9,47 +9,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import worker_pids
+from conftest import private_shm_blocker, small_shm_worker, worker_pids
 
 from rpcnb import doctor
 from rpcnb.launch import kill_all
 
 
-def _private_shm_blocker() -> str | None:
-    if os.geteuid() != 0:
-        return f"mounting a private /dev/shm needs root; this test runs as uid {os.geteuid()}"
-    if shutil.which("unshare") is None:
-        return "unshare (util-linux) is not installed"
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs -o size=32m tmpfs /dev/shm"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"this machine does not let the test mount a private /dev/shm: {probe.stderr.strip()}"
-    return None
-
-
 def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_path):
-    why = _private_shm_blocker()
+    why = private_shm_blocker()
     if why:
         pytest.skip(why)
     kernel.execute("%load_ext rpcnb")
     kernel.execute("%rpc_init --workers 1")
     conn = kernel.value("str(__import__('rpcnb.state').state.current().connection_path)")
     log = tmp_path / "tiny.log"
-    env = dict(os.environ, container="podman", PYTHONPATH=str(Path(__file__).parents[1]))
-    script = ("mount -t tmpfs -o size=32m tmpfs /dev/shm && exec \"$0\" -m rpcnb.worker "
-              f"--join {conn} --name tiny --no-shm")
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                                 script, sys.executable], stdout=f, stderr=subprocess.STDOUT,
-                                env=env)
+    proc = small_shm_worker(conn, "tiny", log)
     try:
         deadline = time.monotonic() + 90
         while "tiny" not in worker_pids(kernel) and time.monotonic() < deadline:
@@ -57,7 +34,11 @@ def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_pa
             time.sleep(0.3)
         assert "tiny" in worker_pids(kernel), log.read_text()[-2000:]
 
-        text = kernel.execute("%rpc_doctor").stdout
+        out = kernel.execute("%rpc_doctor")  # a widget; its plain text is the report
+        assert "application/vnd.jupyter.widget-view+json" in out.results[0]
+        text = out.text
+        plain = kernel.execute("%rpc_doctor --text").stdout  # the same report, printed
+        assert "containers default to 64 MB" in plain and "1 problem found" in plain, plain
         lines = text.splitlines()
         shm = next(i for i, line in enumerate(lines) if "tiny" in line and "/dev/shm" in line)
         assert lines[shm].startswith("!!") and "32 MB" in lines[shm], text
@@ -76,7 +57,7 @@ def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_pa
         assert by[("tiny", "clock")]["level"] == "ok"
 
         os.chmod(conn, 0o644)  # a connection file others can read: the secret is out
-        text = kernel.execute("%rpc_doctor").stdout
+        text = kernel.execute("%rpc_doctor --text").stdout
         assert f"chmod 600 {conn}" in text and "2 problems found" in text, text
         os.chmod(conn, 0o600)
         kernel.execute("%rpc_shutdown")

@@ -29,7 +29,7 @@ MAGICS = {
     "rpc_devmap": ("line", ["--topology", "--name"], [], []),
     "rpc_jobs": ("line", [], ["--all"], []),
     "rpc_restart": ("line", [], [], []),
-    "rpc_doctor": ("line", [], ["--json"], []),
+    "rpc_doctor": ("line", [], ["--json", "--text"], []),
 }
 
 WORD = st.text(alphabet="abcxyz019_.,:", min_size=1, max_size=6)

@@ -1,4 +1,5 @@
-"""rpcnb's notebook widgets (anywidget): the channel monitor and the device-map editor.
+"""rpcnb's notebook widgets (anywidget): the channel monitor, the device-map editor and
+the doctor's report.
 
 Each widget is one small Python class with synced traits and one hand-written ES module
 beside it. Importing this package imports neither anywidget nor torch; the classes load
@@ -14,11 +15,13 @@ from rpcnb.options import applied_device_map, keep_device_map
 if TYPE_CHECKING:
     from rpcnb.widgets.channel_monitor import ChannelMonitor
     from rpcnb.widgets.devmap_editor import DeviceMapEditor
+    from rpcnb.widgets.doctor_report import DoctorReport
 
 __all__ = [
     "NEEDS_ANYWIDGET",
     "ChannelMonitor",
     "DeviceMapEditor",
+    "DoctorReport",
     "applied_device_map",
     "keep_device_map",
 ]
@@ -38,4 +41,8 @@ def __getattr__(name: str) -> Any:
         from rpcnb.widgets.devmap_editor import DeviceMapEditor
 
         return DeviceMapEditor
+    if name == "DoctorReport":
+        from rpcnb.widgets.doctor_report import DoctorReport
+
+        return DoctorReport
     raise AttributeError(name)
