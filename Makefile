@@ -101,7 +101,7 @@ test: $(STAMP) chromium cluster-deps
 # layers contract in pyproject.toml (docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/pip install -q ruff mypy
-	$(BIN)/ruff check rpcnb scripts
+	$(BIN)/ruff check rpcnb scripts tests bench
 	$(BIN)/mypy rpcnb
 	$(BIN)/lint-imports
 

@@ -384,8 +384,8 @@ def test_magics_push_fetch_and_display_arrays_and_load_ext_stays_light(kernel):
 def _cupy():
     """CuPy, or a skip that says what this machine lacks: a CUDA device (asked of torch
     and of the driver's device files) and an importable CuPy."""
-    import importlib.util
     import glob
+    import importlib.util
 
     lacks = []
     if not torch.cuda.is_available():

@@ -11,7 +11,6 @@ shut down or the widget is closed.
 
 from __future__ import annotations
 
-import pathlib
 import threading
 import time
 from typing import Any
@@ -20,6 +19,7 @@ import anywidget
 import traitlets
 
 from rpcnb import telemetry
+from rpcnb.widgets import esm
 
 STOPPED_SHUTDOWN = "stopped: the group was shut down (%rpc_channels opens a new monitor)"
 STOPPED_CLOSED = "stopped: the monitor was closed"
@@ -28,7 +28,7 @@ STOPPED_CLOSED = "stopped: the monitor was closed"
 class ChannelMonitor(anywidget.AnyWidget):
     """``ChannelMonitor()`` in a notebook that is a member of a group; ``%rpc_channels``."""
 
-    _esm = pathlib.Path(__file__).parent / "channel_monitor.js"
+    _esm = esm("channel_monitor.js")
 
     me = traitlets.Unicode("").tag(sync=True)
     members = traitlets.List(traitlets.Unicode()).tag(sync=True)

@@ -1,16 +1,6 @@
 // rpcnb device-map editor: one control per local device and peer; the kernel validates
 // every change (rpcnb.devicemap) and sends back the problems and the written forms.
 
-function h(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v;
-    else node.setAttribute(k, v);
-  }
-  for (const c of children) node.append(c);
-  return node;
-}
-
 const STYLE = `
 .rpcnb-devmap { font: 12px/1.4 var(--jp-ui-font-family, sans-serif); color: var(--jp-ui-font-color1, #222); }
 .rpcnb-devmap h4 { margin: 8px 0 4px; font-size: 13px; }

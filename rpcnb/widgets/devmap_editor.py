@@ -11,7 +11,6 @@ joins.
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
 import anywidget
@@ -19,6 +18,7 @@ import traitlets
 
 from rpcnb.devicemap import DeviceMap
 from rpcnb.options import keep_device_map
+from rpcnb.widgets import esm
 
 BAD_TOPOLOGY = (
     "{spec!r} is not a topology: write {{'worker0': 2, 'worker1': 2}} or 'worker0=2,worker1=2' "
@@ -68,7 +68,7 @@ def parse_topology(spec: Any) -> dict[str, list[str]]:
 class DeviceMapEditor(anywidget.AnyWidget):
     """``DeviceMapEditor()`` (live group) or ``DeviceMapEditor(topology=...)``; ``%rpc_devmap``."""
 
-    _esm = pathlib.Path(__file__).parent / "devmap_editor.js"
+    _esm = esm("devmap_editor.js")
 
     me = traitlets.Unicode("").tag(sync=True)
     source = traitlets.Unicode("").tag(sync=True)  # where peers and devices came from

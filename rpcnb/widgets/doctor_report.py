@@ -8,7 +8,6 @@ text, the one ``%rpc_doctor --text`` prints.
 
 from __future__ import annotations
 
-import pathlib
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ import anywidget
 import traitlets
 
 from rpcnb import doctor
+from rpcnb.widgets import esm
 
 CHECK_FAILED = "the check failed: {reason}"
 
@@ -24,7 +24,7 @@ class DoctorReport(anywidget.AnyWidget):
     """``DoctorReport()`` checks the group now; ``DoctorReport(found)`` shows findings
     that ``rpcnb.doctor.check()`` returned; ``%rpc_doctor``."""
 
-    _esm = pathlib.Path(__file__).parent / "doctor_report.js"
+    _esm = esm("doctor_report.js")
 
     me = traitlets.Unicode("").tag(sync=True)
     # [{member, check, level ("ok", "note", "warn"), detail, todo}], doctor.check()'s order

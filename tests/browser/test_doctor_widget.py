@@ -9,14 +9,19 @@ after ``%rpc_shutdown`` the button says why it cannot check. Screenshots go to t
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 from conftest import children_of, private_shm_blocker, small_shm_worker
-from test_lab_widgets import CHROMIUM, CHROMIUM_ARGS, DOCS_STATIC, lab, run_cell  # noqa: F401
+from test_lab_widgets import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DOCS_STATIC,
+    lab,  # noqa: F401 (the fixture)
+    run_cell,
+    write_notebook,
+)
 
 CELLS = [
     "%load_ext rpcnb\n%rpc_init --workers 1\nimport rpcnb.state, pathlib\n"
@@ -30,24 +35,13 @@ CELLS = [
 ]
 
 
-def write_notebook(path: Path) -> None:
-    nb = {
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {},
-                   "outputs": [], "source": src} for src in CELLS],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                    "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb))
-
-
 def test_doctor_widget_in_jupyterlab(lab, tmp_path):  # noqa: F811 (the fixture)
     why = private_shm_blocker()
     if why:
         pytest.skip(why)
     from playwright.sync_api import expect, sync_playwright
 
-    write_notebook(lab["root"] / "doctor.ipynb")
+    write_notebook(lab["root"] / "doctor.ipynb", CELLS, kernel="python3")
     shots = tmp_path / "screenshots"
     shots.mkdir()
     tiny = None

@@ -4,8 +4,9 @@ panel lists the group's three members with their pids; a %%remote cell's RRef sh
 the panel and its "free" button frees it on the worker; a worker killed by pid shows dead
 in the panel and the status item within 5 s; after %rpc_shutdown the panel says there is
 no group; its form starts a group and its button shuts it down; after a kernel restart it
-says rpcnb is not loaded, and connects again after %load_ext rpcnb. Screenshots go to the test's tmp_path (and to docs/_static/ with
-RPCNB_UPDATE_SCREENSHOTS=1, checked not to be blank either way).
+says rpcnb is not loaded, and connects again after %load_ext rpcnb. Screenshots go to the
+test's tmp_path (and to docs/_static/ with RPCNB_UPDATE_SCREENSHOTS=1), checked not to be
+blank either way.
 
 The extension is the one `make` built and installed (labextension/, shared data of the
 editable install); the test fails if JupyterLab does not list it.
@@ -13,7 +14,6 @@ editable install); the test fails if JupyterLab does not list it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,9 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import children_of
-from test_lab_widgets import CHROMIUM, CHROMIUM_ARGS, DOCS_STATIC, lab, run_cell  # noqa: F401
+from test_lab_widgets import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DOCS_STATIC,
+    lab,  # noqa: F401 (the fixture)
+    run_cell,
+    write_notebook,
+)
 
 CELLS = [
     "%load_ext rpcnb\n%rpc_init --workers 2",
@@ -34,17 +40,6 @@ CELLS = [
     "%rpc_shutdown",
     "%load_ext rpcnb",
 ]
-
-
-def write_notebook(path: Path) -> None:
-    nb = {
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {},
-                   "outputs": [], "source": src} for src in CELLS],
-        "metadata": {"kernelspec": {"name": "rpcnb", "display_name": "Python 3 (rpcnb)",
-                                    "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb))
 
 
 def not_blank(png: Path) -> None:
@@ -74,10 +69,10 @@ def test_extension_is_installed_and_enabled():
     assert re.search(r"rpcnb v[\d.]+ enabled OK", text), text
 
 
-def test_panel_follows_the_group(lab, tmp_path):
+def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
     from playwright.sync_api import expect, sync_playwright
 
-    write_notebook(lab["root"] / "panel.ipynb")
+    write_notebook(lab["root"] / "panel.ipynb", CELLS, kernel="rpcnb")
     shots = tmp_path / "screenshots"
     shots.mkdir()
     with sync_playwright() as pw:

@@ -58,11 +58,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_notebook(path: Path) -> None:
+KERNELS = {"python3": "Python 3", "rpcnb": "Python 3 (rpcnb)"}
+
+
+def write_notebook(path: Path, cells: list[str] = CELLS, kernel: str = "python3") -> None:
+    """A notebook of these code cells, unrun, on this kernelspec."""
     nb = {
         "cells": [{"cell_type": "code", "execution_count": None, "metadata": {},
-                   "outputs": [], "source": src} for src in CELLS],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                   "outputs": [], "source": src} for src in cells],
+        "metadata": {"kernelspec": {"name": kernel, "display_name": KERNELS[kernel],
                                     "language": "python"}},
         "nbformat": 4, "nbformat_minor": 5,
     }
