@@ -84,6 +84,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
                          "hosts meets over TCP.")
 
     _torch.check_interface(iface if remote else os.environ.get("TP_SOCKET_IFNAME", ""))
+    if workers:
+        launch.warm_up()  # already running when %rpc_init or rpcnb.init started it
     from rpcnb import deaths, handlers, start
 
     handlers.install()
