@@ -173,6 +173,7 @@ class Launcher:
             stdout=subprocess.PIPE, stderr=self._err, env=env, start_new_session=True)
         self.pid = self.proc.pid
         self.facts: dict[str, Any] = {}  # what it said when it was ready
+        self.forked = 0  # workers it started
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._replies: dict[int, dict[str, Any]] = {}
@@ -198,6 +199,7 @@ class Launcher:
                 elif "id" in msg:
                     if "pid" in msg:  # before its exit can be read
                         msg["proc"] = self._children[msg["pid"]] = ForkedProcess(self, msg["pid"])
+                        self.forked += 1
                     self._replies[msg["id"]] = msg
                 self._cond.notify_all()
         with self._cond:
@@ -280,6 +282,10 @@ class Launcher:
                 self.proc.stdin.close()
         except OSError:
             pass
+        with self._cond:
+            idle = not self._children
+        if idle and self.proc.poll() is None:  # it may be importing: it reads no pipe yet
+            self.proc.terminate()
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
@@ -304,6 +310,20 @@ def warm_up() -> Launcher:
     if old is not None:
         old.stop()
     return _launcher
+
+
+def current_launcher() -> Launcher | None:
+    """This process's launcher, if it started one that still runs."""
+    launcher = _launcher
+    return launcher if launcher is not None and launcher.alive() else None
+
+
+def stop_unused_launcher() -> None:
+    """Stop the launcher if it never started a worker (a start that failed its checks
+    leaves nothing running)."""
+    launcher = _launcher
+    if launcher is not None and launcher.forked == 0:
+        stop_launcher()
 
 
 def stop_launcher() -> None:

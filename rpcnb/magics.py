@@ -174,14 +174,22 @@ class RpcMagics(Magics):
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
         args = parse_init_line(line)
-        if max(args.workers or 0, args.add or 0) > 0 and not (args.join or args.engines
-                                                              or args.attach):
-            # the launcher imports torch while this kernel does (rpcnb.session imports it)
-            launch.warm_up()
-        from rpcnb import session
-
         if args.add is not None:
             return self._add(args)
+        if (args.workers or 0) > 0 and not (args.join or args.engines or args.attach):
+            # the workers' launcher imports torch while this kernel does (rpcnb.session
+            # imports it); a start that fails before it forked a worker stops it again
+            launch.warm_up()
+            try:
+                return self._init(args)
+            except BaseException:
+                launch.stop_unused_launcher()
+                raise
+        return self._init(args)
+
+    def _init(self, args: Any) -> None:
+        from rpcnb import session
+
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())
