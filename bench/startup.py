@@ -187,7 +187,8 @@ def table(measured: dict[str, Any]) -> str:
 def section(cfg: dict[str, Any], results: dict[str, Any]) -> list[tuple[str, list[float], float]]:
     """``bench.run``'s entry: measure with its repeats, keep the samples in ``results``."""
     run = _helpers()
-    measured = measure(max(3, cfg.get("startup_reps", 3)), 5, log=run.log)
+    reps = max(1, int(cfg.get("startup_reps", 3)))
+    measured = measure(reps, 5 if reps > 1 else 2, log=run.log)
     results["startup_cold_warm"] = {**measured, "verdicts": verdicts(measured)}
     run.log("\n" + table(measured))
     return rows_of(measured)

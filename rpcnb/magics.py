@@ -181,13 +181,13 @@ class RpcMagics(Magics):
             # imports it); a start that fails before it forked a worker stops it again
             launch.warm_up()
             try:
-                return self._init(args)
+                return self._start_or_join(args)
             except BaseException:
                 launch.stop_unused_launcher()
                 raise
-        return self._init(args)
+        return self._start_or_join(args)
 
-    def _init(self, args: Any) -> None:
+    def _start_or_join(self, args: Any) -> None:
         from rpcnb import session
 
         kwargs: dict[str, Any] = {}
