@@ -523,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         ("1,2", only & {"1", "2"}, lambda: run_roundtrip_kernel(cfg, results, args.rpc_args, only)),
         ("3", "3" in only, lambda: run_fanout_kernel(cfg, results, args.rpc_args)),
         ("4", "4" in only, lambda: run_startup(cfg, results, args.rpc_args)),
+        ("4b", "4" in only, lambda: __import__("bench.startup", fromlist=["x"]).section(cfg, results)),
     ]
     interrupted: BaseException | None = None
     left: list[int] = []

@@ -64,6 +64,8 @@ def __getattr__(name: str) -> Any:
         from rpcnb import launch
 
         launch.apply_quiet_env()  # before rpcnb.session imports torch (its C++ log level)
+        if name in ("init", "add_workers"):
+            launch.warm_up()  # the workers' launcher imports torch while this process does
         from rpcnb import session
 
         return getattr(session, name)

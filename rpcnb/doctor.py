@@ -122,7 +122,8 @@ def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
                 "check /dev/shm's size and that the members can reach each other's ports")
         if r["cuda_initialized"] and r.get("kind") in ("kernel", None):
             add("cuda", "note", "CUDA is initialised in this process",
-                "workers rpcnb starts are spawned, not forked, so this is safe for them; "
+                "rpcnb forks its workers from a launcher that never initialises CUDA, so "
+                "this is safe for them; "
                 "do not fork (multiprocessing 'fork') after using CUDA")
         ib = r["ib"]
         if ib:

@@ -77,6 +77,10 @@ ADD_WITH_DEVICE_MAPS = (
     "with the workers you need (%rpc_shutdown, then %rpc_init --workers N)."
 )
 ADDED = "rpcnb: added {n} worker(s): {names}."
+LAUNCHER_FAILED = (
+    "Worker {name!r} could not be started: {why}\nFix what it says (torch must import in a "
+    "fresh Python of this kernel's environment), then run %rpc_init again."
+)
 START_FAILED = "Worker {name!r} failed to start ({how}). Its log ends with:\n{log}"
 START_TIMEOUT = (
     "Worker {name!r} did not join within {timeout:g} s; it was stopped. Its log ends with:\n{log}"

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from rpcnb import errors, isolation, options, state
+from rpcnb import errors, isolation, launch, options, state
 
 NO_TARGET = "Name the worker(s) to run on, e.g. %%remote worker1 or %%remote worker1,worker2, or use --all."
 NO_EXPR = "Give the expression to run: %remote worker1 EXPR (or use %%remote for a whole cell)."
@@ -166,11 +166,23 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_init(self, line: str) -> None:
         """Start an RPC group with this kernel as worker0, or join one."""
-        from rpcnb import session
-
         args = parse_init_line(line)
         if args.add is not None:
             return self._add(args)
+        if (args.workers or 0) > 0 and not (args.join or args.engines or args.attach):
+            # the workers' launcher imports torch while this kernel does (rpcnb.session
+            # imports it); a start that fails before it forked a worker stops it again
+            launch.warm_up()
+            try:
+                return self._start_or_join(args)
+            except BaseException:
+                launch.stop_unused_launcher()
+                raise
+        return self._start_or_join(args)
+
+    def _start_or_join(self, args: Any) -> None:
+        from rpcnb import session
+
         kwargs: dict[str, Any] = {}
         if args.device_map is not None:
             kwargs["device_map"] = _device_map_spec(args.device_map, self._user_ns())

@@ -60,10 +60,8 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
     wopts, wenv = spec
     store = _torch.store()
     rank = roster.next_rank(store)
-    assert s.group_dir is not None
     s.revive(name)
-    new = launch.start_worker(name, rank, s.init_method, s.name, s.group_dir, wopts, s.secret,
-                              env=wenv)
+    new = start.start_worker(s, name, rank, wopts, wenv)
     with s.lock:
         s.procs[name] = new
     for other in roster.live_names(s):

@@ -10,13 +10,14 @@ starts, not before.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from rpcnb import _torch, errors, launch, leave, machine, options, rendezvous, roster, state
 from rpcnb.cells.background import jobs
@@ -30,6 +31,25 @@ __all__ = ["ALL", "Group", "add_workers", "group", "init", "interrupt", "is_init
            "jobs", "join", "restart", "run", "run_bg", "shutdown"]
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _launcher_kept_only_if_used(fn: Callable[P, R]) -> Callable[P, R]:
+    """A start that fails before any worker was forked stops the launcher that
+    ``%rpc_init`` started for it: bad input leaves nothing running."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            launch.stop_unused_launcher()
+            raise
+
+    return wrapper
+
+
+@_launcher_kept_only_if_used
 def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFAULT_THREADS,
          timeout: float = options.DEFAULT_RPC_TIMEOUT, channels: Iterable[str] | None = None,
          transports: Iterable[str] | None = None, shm: bool = True,
@@ -84,6 +104,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
                          "hosts meets over TCP.")
 
     _torch.check_interface(iface if remote else os.environ.get("TP_SOCKET_IFNAME", ""))
+    if workers:
+        launch.warm_up()  # already running when %rpc_init or rpcnb.init started it
     from rpcnb import deaths, handlers, start
 
     handlers.install()
@@ -182,6 +204,7 @@ def restart(name: str) -> Group:
     return group()
 
 
+@_launcher_kept_only_if_used
 def add_workers(n: int, gpus: str | None = None) -> Group:
     """Start ``n`` more workers in the running group (on the first kernel); ``gpus`` as
     for ``init``."""

@@ -234,11 +234,22 @@ def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
         wenv = dict(env)
         if devices.visible.get(wname) is not None:
             wenv["CUDA_VISIBLE_DEVICES"] = str(devices.visible[wname])
-        proc = launch.start_worker(wname, rank, s.init_method, s.name, s.group_dir, wopts,
-                                   s.secret, env=wenv)
+        proc = start_worker(s, wname, rank, wopts, wenv)
         with s.lock:
             s.procs[wname] = proc
             s.specs[wname] = (wopts, wenv)
+
+
+def start_worker(s: Session, name: str, rank: int, wopts: dict[str, Any],
+                 wenv: dict[str, str]) -> launch.LocalWorker:
+    """On the leader: worker ``name``'s process (forked by the warm launcher), or
+    RpcnbError with what the launcher said when it could not start one."""
+    assert s.group_dir is not None
+    try:
+        return launch.start_worker(name, rank, s.init_method, s.name, s.group_dir, wopts,
+                                   s.secret, env=wenv)
+    except launch.LauncherFailed as exc:
+        raise RpcnbError(errors.LAUNCHER_FAILED.format(name=name, why=exc)) from None
 
 
 def wait_ready(s: Session, timeout: float = START_TIMEOUT,

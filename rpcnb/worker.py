@@ -1,11 +1,12 @@
 """A worker process: ``main()`` makes a fresh Python a member of a group.
 
-``rpcnb.launch`` starts it as ``python -c "from rpcnb.worker import main; main()" ...``
-and writes the group's secret into its stdin. It builds a namespace (``__name__ ==
+``rpcnb.launch`` has the kernel's warm launcher (``rpcnb.forkserver``) fork it and call
+``main(argv, secret)``. It builds a namespace (``__name__ ==
 "__main__"``) with a headless IPython shell, so ``display()``, magics and
 ``get_ipython()`` work in remote cells; joins the group; registers with the leader; and
 runs remote cells on its main thread until it is asked to leave. A thread watches the
-kernel that started it and ends the process when that kernel is gone.
+kernel that started it, and the launcher that forked it, and ends the process when
+either is gone.
 
 ``python -m rpcnb.worker --join ADDR`` is the same worker started by hand, or by a
 cluster's launcher (``srun``, ``mpiexec``) on a machine without Jupyter: it joins a
@@ -36,20 +37,27 @@ LEADER_SILENT_S = 15.0  # a headless worker leaves once its leader has not answe
 
 
 def _watch_parent(parent_pid: int, init_method: str) -> None:
-    """A worker process never outlives the kernel that started it."""
+    """A worker process never outlives the kernel that started it (``parent_pid``), nor
+    the launcher that forked it for that kernel (its parent process)."""
+    starter = os.getppid()
     while True:
         time.sleep(0.5)
-        if os.getppid() != parent_pid:
+        if os.getppid() == starter and launch.pid_alive(parent_pid):
+            continue
+        shm.deactivate()
+        if not launch.pid_alive(parent_pid):
             # The kernel died: take its shared memory and its group's directory (the
-            # connection file holds the secret) with ours, nobody else will.
-            shm.deactivate()
+            # connection file holds the secret) with ours, nobody else will. (When only
+            # the launcher is gone, the kernel sees this worker end and cleans up.)
             shm.remove_segments_of(parent_pid)
             if init_method.startswith("file://"):
                 shutil.rmtree(os.path.dirname(init_method[len("file://"):]), ignore_errors=True)
-            os._exit(3)
+        os._exit(3)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, secret: str | None = None) -> None:
+    """A worker of the group ``argv`` names; ``secret`` is the group's (read from stdin
+    when it is not given)."""
     import argparse
     import json
 
@@ -76,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     runner = CellRunner(args.name, ns, shell)
     runner.on_main = True  # it will own the main thread (and says "process" from now on)
     output.install_routing(shell)
-    secret = sys.stdin.readline().strip()  # the leader writes it into our stdin pipe
+    if secret is None:
+        secret = sys.stdin.readline().strip()  # a leader wrote it into our stdin pipe
     s = start.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
                            leader=args.leader, runner=runner, secret=secret)
     output.set_background(output.Capture(None, args.leader, args.name, s.token))

@@ -20,7 +20,7 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     data = json.loads(out.read_text())
     assert not data["errors"]
     results = data["results"]
-    for key in ("roundtrip", "transfer", "fanout", "startup"):
+    for key in ("roundtrip", "transfer", "fanout", "startup", "startup_cold_warm"):
         assert results.get(key), f"no {key} figures"
     assert data["left_processes"] == [] and data["leftover_shm"] == []
     assert data["targets"], "the issue's targets are reported next to the figures"

@@ -1,0 +1,171 @@
+"""Start-up through the warm launcher: workers forked by a process that imported torch
+once, started before the kernel imports torch; a re-init after %rpc_shutdown reuses it;
+it ends with the kernel; a failed start still says why at once. Real kernels, real
+workers, real torch RPC; timings are bench/startup.py's, not asserted here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from conftest import children_of, pid_alive, wait_until, worker_pids
+
+LAUNCHER = "__import__('rpcnb.launch').launch.current_launcher()"
+
+
+def ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def launcher_pid(k) -> int:
+    return int(k.value(f"{LAUNCHER}.pid"))
+
+
+def test_warm_reinit_forks_from_the_launcher_and_gives_a_working_group(kernel):
+    kernel.execute("%load_ext rpcnb")
+    assert kernel.value(f"{LAUNCHER} is None")  # nothing before the first group
+    kernel.execute("%rpc_init --workers 2")
+    launcher = launcher_pid(kernel)
+    first = worker_pids(kernel)
+    for name in ("worker1", "worker2"):
+        assert ppid(first[name]) == launcher
+        assert comm(first[name]) == f"rpcnb {name}"
+    assert ppid(launcher) == kernel.pid
+
+    kernel.execute("%rpc_shutdown")
+    assert wait_until(lambda: not any(pid_alive(first[n]) for n in ("worker1", "worker2")))
+    assert pid_alive(launcher)  # it stays, warm
+
+    kernel.execute("%rpc_init --workers 2")
+    assert launcher_pid(kernel) == launcher
+    again = worker_pids(kernel)
+    for name in ("worker1", "worker2"):
+        assert again[name] != first[name]
+        assert ppid(again[name]) == launcher
+    # a working group: an RRef made on worker1 travels to worker2 and back to the kernel
+    kernel.execute("%%remote worker1 -o r\nimport torch\ntorch.arange(4) * 2")
+    assert kernel.value("r.to_here().tolist()") == [0, 2, 4, 6]
+    out = kernel.execute("%%remote worker2 --push r --fetch\nint(r.to_here().sum())")
+    assert out.text == "12"
+    # each forked worker has its own state: its own pid, a namespace of its own
+    kernel.execute("%%remote worker1\nmine = 1")
+    out = kernel.execute("%%remote worker2 --fetch\n'mine' in globals()")
+    assert out.text == "False"
+    kernel.execute("%rpc_init --add 1")
+    assert ppid(worker_pids(kernel)["worker3"]) == launcher
+    kernel.execute("%rpc_shutdown")
+
+
+def test_the_launcher_is_fork_safe_and_keeps_the_secret_off_command_lines(kernel):
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1")
+    facts = kernel.value(f"{LAUNCHER}.ask_facts()")
+    assert facts["cuda_initialized"] is False
+    assert facts["python_threads"] == 1  # a fork copies only the forking thread
+    launcher = facts["pid"]
+    secret = kernel.value("__import__('rpcnb.state').state.current().secret")
+    pids = worker_pids(kernel)
+    for pid in (launcher, pids["worker1"]):
+        assert secret not in Path(f"/proc/{pid}/cmdline").read_text()
+        assert secret.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    # the launcher listens on nothing: its only way in is the kernel's pipe
+    sockets = [os.readlink(f) for f in Path(f"/proc/{launcher}/fd").iterdir()
+               if os.readlink(f).startswith("socket:")]
+    assert sockets == []
+    # TensorPipe in a forked worker listens on loopback, as in a fresh one
+    from conftest import listening_addresses
+
+    addrs = listening_addresses(pids["worker1"])
+    assert addrs and all(a.startswith("127.0.0.1:") for a in addrs), addrs
+    kernel.execute("%rpc_shutdown")
+
+
+def _ends_with_the_kernel(kernel_factory, how: str) -> None:
+    k = kernel_factory()
+    k.execute("%load_ext rpcnb")
+    k.execute("%rpc_init --workers 2")
+    launcher = launcher_pid(k)
+    pids = [p for n, p in worker_pids(k).items() if n != "worker0"]
+    group_dir = Path(k.value("str(__import__('rpcnb.state').state.current().group_dir)"))
+    if how == "kill":
+        os.kill(k.pid, signal.SIGKILL)
+    else:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=False)  # a clean shutdown, the group still up
+    assert wait_until(lambda: not any(pid_alive(p) for p in [launcher, *pids]), timeout=15), \
+        [p for p in [launcher, *pids] if pid_alive(p)]
+    assert wait_until(lambda: not group_dir.exists(), timeout=5)
+
+
+def test_launcher_and_workers_end_when_the_kernel_is_killed(kernel_factory):
+    _ends_with_the_kernel(kernel_factory, "kill")
+
+
+def test_launcher_and_workers_end_when_the_kernel_shuts_down(kernel_factory):
+    _ends_with_the_kernel(kernel_factory, "shutdown")
+
+
+def test_a_worker_killed_while_it_starts_fails_the_start_at_once(kernel):
+    import threading
+
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1")
+    kernel.execute("%rpc_shutdown")
+    launcher = launcher_pid(kernel)
+    got: dict = {}
+    cell = threading.Thread(target=lambda: got.update(
+        out=kernel.execute("%rpc_init --workers 2", allow_error=True)))
+    cell.start()
+    victim = None
+    deadline = time.monotonic() + 60
+    while victim is None and time.monotonic() < deadline:
+        for pid in children_of(launcher):
+            try:
+                if comm(pid) == "rpcnb worker2":
+                    victim = pid
+            except OSError:
+                pass
+        time.sleep(0.002)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)  # as the OOM killer would
+    killed = time.monotonic()
+    cell.join(120)
+    out = got["out"]
+    assert "Worker 'worker2' failed to start (killed by SIGKILL)" in out.traceback
+    assert out.finished - killed < 10  # the launcher reported it; no start timeout
+    # everything that started was stopped, and the next start works
+    assert wait_until(lambda: children_of(launcher) == [], timeout=10)
+    assert kernel.value("__import__('rpcnb.state').state.is_initialized()") is False
+    kernel.execute("%rpc_init --workers 1")
+    assert kernel.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
+    kernel.execute("%rpc_shutdown")
+
+
+def test_a_launcher_that_cannot_start_says_why_at_once(kernel, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "cloudpickle.py").write_text("raise ImportError('cloudpickle broken on purpose')\n")
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1")
+    kernel.execute("%rpc_shutdown")
+    old = launcher_pid(kernel)
+    # a variable read when Python starts changed: the launcher is replaced, and the new
+    # one cannot import what a worker needs
+    kernel.execute(f"import os; os.environ['PYTHONPATH'] = {str(broken)!r}")
+    t0 = time.monotonic()
+    out = kernel.execute("%rpc_init --workers 2", allow_error=True)
+    assert time.monotonic() - t0 < 60  # well before the 120 s start timeout
+    assert "could not be started" in out.traceback
+    assert "cloudpickle broken on purpose" in out.traceback
+    assert not pid_alive(old)
+    assert kernel.value("__import__('rpcnb.state').state.is_initialized()") is False
+    kernel.execute("del os.environ['PYTHONPATH']")
+    kernel.execute("%rpc_init --workers 1")
+    assert kernel.execute("%%remote worker1 --fetch\n1 + 1").text == "2"
+    kernel.execute("%rpc_shutdown")
