@@ -2,13 +2,12 @@
 the doctor's report.
 
 Each widget is one small Python class with synced traits and one hand-written ES module
-beside it (after the helpers of ``dom.js``, which ``esm`` puts in front). Importing this
+beside it (after the helpers of ``dom.js``, which ``dom.esm`` puts in front). Importing this
 package imports neither anywidget nor torch; the classes load on first use.
 """
 
 from __future__ import annotations
 
-import pathlib
 from typing import TYPE_CHECKING, Any
 
 from rpcnb.options import applied_device_map, keep_device_map
@@ -31,12 +30,6 @@ NEEDS_ANYWIDGET = (
     "This widget needs anywidget and ipywidgets: pip install anywidget ipywidgets, "
     "then restart the kernel."
 )
-
-
-def esm(name: str) -> str:
-    """The ES module of a widget: the shared helpers of dom.js, then the widget's file."""
-    here = pathlib.Path(__file__).parent
-    return (here / "dom.js").read_text() + "\n" + (here / name).read_text()
 
 
 def __getattr__(name: str) -> Any:

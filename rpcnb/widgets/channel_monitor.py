@@ -19,7 +19,7 @@ import anywidget
 import traitlets
 
 from rpcnb import telemetry
-from rpcnb.widgets import esm
+from rpcnb.widgets.dom import esm
 
 STOPPED_SHUTDOWN = "stopped: the group was shut down (%rpc_channels opens a new monitor)"
 STOPPED_CLOSED = "stopped: the monitor was closed"

@@ -18,7 +18,7 @@ import traitlets
 
 from rpcnb.devicemap import DeviceMap
 from rpcnb.options import keep_device_map
-from rpcnb.widgets import esm
+from rpcnb.widgets.dom import esm
 
 BAD_TOPOLOGY = (
     "{spec!r} is not a topology: write {{'worker0': 2, 'worker1': 2}} or 'worker0=2,worker1=2' "

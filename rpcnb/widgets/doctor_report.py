@@ -15,7 +15,7 @@ import anywidget
 import traitlets
 
 from rpcnb import doctor
-from rpcnb.widgets import esm
+from rpcnb.widgets.dom import esm
 
 CHECK_FAILED = "the check failed: {reason}"
 
