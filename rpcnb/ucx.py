@@ -1,0 +1,340 @@
+"""rpcnb's opt-in UCX path for large tensors (``%rpc_init --ucx``, or ``RPCNB_UCX=1``).
+
+With it, a tensor of at least ``threshold`` bytes that rpcnb's pickler meets (call
+arguments and results, ``--push``, ``--fetch``, ``%%remote`` results, ``to_here()``) stays
+in the sender's outbox under a 64-bit tag, and only the tag (with dtype, shape and device)
+travels in the RPC message. The receiver, while it unpickles the message, posts a UCX
+receive for that tag into a tensor of its own, then asks the sender over rpcnb's RPC
+(``ucx_pull``, token-checked like every request) to send it; that request carries the
+receiver's UCX worker address, so the sender opens its endpoint to the receiver lazily, the
+first time, and keeps it. The receiver gets a new tensor: copy semantics, as on the other
+paths.
+
+UCX picks the wire itself (shared memory and CMA on one host, TCP, InfiniBand/RoCE, CUDA
+IPC, GPUDirect RDMA); telemetry records which one each endpoint uses, as ``ucx: tcp``.
+Endpoints between hosts use UCX's peer error handling (a dead peer fails the transfer);
+on one host that mode would leave UCX only TCP, so rpcnb detects a dead peer itself
+there. There is no progress thread: the two threads that wait for a transfer drive it.
+
+Nothing imports ``ucxx`` unless the group asked for UCX. CUDA tensors are written to take
+the same path (UCX reads ``__cuda_array_interface__``) but are untested here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import itertools
+import os
+import threading
+import time
+from typing import Any
+
+from rpcnb import errors, shm, state, telemetry
+
+ENV = "RPCNB_UCX"
+DEFAULT_THRESHOLD = 1 << 20  # 1 MB
+PULL = "ucx_pull"
+
+_threshold = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
+_lock = threading.RLock()  # one worker, driven from several threads: one at a time
+_api: Any = None  # ucxx._lib.libucxx, once loaded
+_array: Any = None  # ucxx._lib.arr.Array
+_ctx: Any = None
+_worker: Any = None
+_address = b""
+_group: str | None = None
+_eps: dict[str, Any] = {}  # peer name -> endpoint
+_transports: dict[str, str] = {}  # peer name -> the UCX transport its endpoint moves data on
+_outbox: dict[int, tuple[Any, float]] = {}  # tag -> (flat byte view of the tensor, when)
+_abandoned: list[tuple[Any, Any]] = []  # (request, buffer) that UCX may still write into
+_tags = itertools.count(1)
+_tag_base = 0
+_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "failed": 0}
+
+
+def requested(flag: bool | None = None) -> bool:
+    """``flag`` when given, else whether ``RPCNB_UCX`` asks for the path."""
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get(ENV, "").lower() in ("1", "true", "yes", "on")
+
+
+def option(flag: bool | None = None) -> bool:
+    """The group's ``ucx`` option (``requested``), checked: RpcnbError with UCX_MISSING
+    when it is on and ucxx is not installed, before anything starts."""
+    on = requested(flag)
+    if on:
+        check_installed()
+    return on
+
+
+def check_installed() -> None:
+    """RpcnbError with UCX_MISSING when ucxx cannot be found (imports nothing)."""
+    try:
+        found = importlib.util.find_spec("ucxx") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise errors.RpcnbError(errors.UCX_MISSING)
+
+
+def _load() -> None:
+    global _api, _array
+    if _api is not None:
+        return
+    check_installed()
+    # ucxx asks UCX to stage rendezvous fragments in CUDA memory, which a machine without a
+    # GPU does not have (TCP then runs at a quarter of its speed); UCX also warns about
+    # variables it does not know, such as the one ucxx sets for CUDA.
+    from rpcnb import machine
+
+    if not machine.cuda_devices():
+        os.environ.setdefault("UCX_RNDV_FRAG_MEM_TYPE", "host")
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    try:
+        import ucxx._lib.libucxx as api
+        from ucxx._lib.arr import Array
+    except ImportError as exc:
+        raise errors.RpcnbError(errors.UCX_BROKEN.format(reason=exc)) from exc
+    _api, _array = api, Array
+
+
+def activate(s: Any) -> None:
+    """This process joins group ``s`` with the UCX path: load ucxx, make its worker."""
+    global _ctx, _worker, _address, _group, _tag_base
+    _load()
+    with _lock:
+        _ctx = _api.UCXContext(feature_flags=(_api.Feature.TAG,))
+        _worker = _api.UCXWorker(_ctx)
+        _address = bytes(_worker.address)
+        # tags are unique in the group: rank, then this process, then a counter
+        _tag_base = ((s.rank & 0xFFFF) << 48) | ((os.getpid() & 0xFFFF) << 32)
+        _group = s.group_id
+
+
+def is_active() -> bool:
+    return _group is not None
+
+
+def deactivate() -> None:
+    """Close every endpoint and the worker (nothing of UCX is left in this process)."""
+    global _ctx, _worker, _group
+    with _lock:
+        if _group is None and _worker is None:
+            return
+        _group = None
+        for ep in _eps.values():
+            with contextlib.suppress(Exception):
+                ep.close_blocking(period=1000, max_attempts=100)
+        _eps.clear()
+        _transports.clear()
+        _outbox.clear()
+        if _worker is not None:
+            with contextlib.suppress(Exception):
+                _worker.cancel_inflight_requests(period=1000, max_attempts=100)
+        _abandoned.clear()
+        _worker = None
+        _ctx = None
+
+
+def stats() -> dict[str, Any]:
+    with _lock:
+        return dict(_stats, endpoints=len(_eps), outbox=len(_outbox),
+                    transports=dict(_transports))
+
+
+def transports() -> dict[str, str]:
+    """Peer -> the UCX transport this process's endpoint to it moves data on."""
+    with _lock:
+        return dict(_transports)
+
+
+def wants(tensor: Any) -> bool:
+    """Should this tensor take the UCX path?"""
+    if _group is None or shm.is_suppressed():
+        return False
+    import torch
+
+    return (
+        tensor.device.type in ("cpu", "cuda")
+        and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
+        and tensor.layout == torch.strided
+        and not tensor.is_quantized
+        and tensor.element_size() * tensor.nelement() >= _threshold
+    )
+
+
+def _sweep(now: float, timeout: float) -> None:
+    """Drop tensors nobody pulled within the group's RPC timeout (their message was lost)."""
+    for tag, (_, when) in list(_outbox.items()):
+        if now - when > timeout:
+            del _outbox[tag]
+
+
+def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """Keep ``tensor`` in the outbox; the reduce tuple that pulls it on the receiver."""
+    import torch
+
+    s = state.active()
+    if s is None:
+        return None
+    flat = tensor.detach()
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    flat = flat.reshape(-1).view(torch.uint8)
+    now = time.monotonic()
+    with _lock:
+        _sweep(now, float(s.options.get("timeout", 60.0)) * 2)
+        tag = _tag_base | (next(_tags) & 0xFFFFFFFF)
+        _outbox[tag] = (flat, now)
+    return _rebuild, (s.name, tag, str(tensor.dtype), tuple(tensor.shape), str(tensor.device),
+                      flat.numel())
+
+
+def _buffer(t: Any) -> Any:
+    """What ucxx wraps: NumPy's view of a CPU tensor, a CUDA tensor as it is."""
+    return _array(t.numpy() if t.device.type == "cpu" else t)
+
+
+def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: str,
+             nbytes: int) -> Any:
+    """On the receiver: a new tensor, filled over UCX from the sender's outbox."""
+    import torch
+
+    from rpcnb import protocol
+
+    s = state.active()
+    if s is None or _group is None:
+        raise RuntimeError(errors.UCX_NOT_ON.format(sender=sender,
+                                                    name=s.name if s else "outside any group"))
+    if device.startswith("cuda"):
+        # untested (no GPU here): the sender's device index when this member has it
+        index = torch.device(device).index or 0
+        device = device if index < torch.cuda.device_count() else "cuda"
+    out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    with _lock:
+        req = _worker.tag_recv(_buffer(out), _api.UCXXTag(tag))
+    fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None)
+    _wait(s, req, out, sender, fut)
+    with _lock:
+        _stats["received"] += 1
+        _stats["received_bytes"] += nbytes
+    torch_dtype = getattr(torch, dtype.replace("torch.", ""))
+    return out.view(torch_dtype).view(shape)
+
+
+def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
+    """On the sender (``ucx_pull``): send the tensor under ``tag`` to ``receiver``, and
+    wait until it is there; returns the UCX transport it took."""
+    with _lock:
+        entry = _outbox.pop(tag, None)
+        if entry is None or _worker is None:
+            raise RuntimeError(errors.UCX_GONE.format(peer=receiver))
+        flat = entry[0]
+        ep = _eps.get(receiver)
+        if ep is None:
+            peer = _api.UCXAddress.create_from_buffer(address)
+            # Between hosts UCX's error handling fails a transfer to a dead peer; on one
+            # host it would rule out shared memory and CMA (rpcnb notices the death itself)
+            ep = _worker.create_endpoint_from_worker_address(peer, not s.one_host)
+            _eps[receiver] = ep
+        start, t0 = telemetry.now(), time.perf_counter()
+        req = ep.tag_send(_buffer(flat), _api.UCXXTag(tag))
+    _wait(s, req, flat, receiver, None)
+    duration = time.perf_counter() - t0
+    with _lock:
+        transport = _transports.get(receiver) or _transport_of(ep)
+        _transports[receiver] = transport
+        _stats["sent"] += 1
+        _stats["sent_bytes"] += flat.numel()
+    telemetry.record(receiver, "tensor", start, duration, flat.numel(),
+                     channel=f"ucx: {transport}")
+    return transport
+
+
+def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
+    """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
+    error naming ``peer`` when it dies, fails, or the group ends first."""
+    timeout = float(s.options.get("timeout", 60.0))
+    deadline = time.monotonic() + timeout
+    idle = 0
+    while True:
+        with _lock:
+            if _worker is None:
+                reason = "this member left the group"
+                break
+            progressed = _worker.progress_once()
+            done = req.completed
+        if done:
+            try:
+                req.check_error()
+            except Exception as exc:
+                reason = f"UCX: {exc}"
+                break
+            if fut is not None:
+                try:
+                    fut.wait()
+                except Exception as exc:
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    break
+            return
+        if peer in s.dead:
+            reason = f"{peer} died ({s.dead[peer]})"
+        elif fut is not None and fut.done():
+            try:
+                fut.wait()
+                continue  # the sender is done; the last bytes are on their way
+            except Exception as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        elif time.monotonic() > deadline:
+            reason = f"no progress within the group's RPC timeout ({timeout:g} s)"
+        else:
+            idle = 0 if progressed else idle + 1
+            if idle > 64:  # nothing moving: let the other threads (and processes) run
+                time.sleep(0.0005)
+            continue
+        break
+    with _lock:
+        _stats["failed"] += 1
+        _abandoned.append((req, buf))  # UCX may still write there until the worker closes
+        ep = _eps.pop(peer, None)
+        _transports.pop(peer, None)
+    if ep is not None:
+        with contextlib.suppress(Exception):
+            ep.close()
+    raise RuntimeError(errors.UCX_PEER_LOST.format(peer=peer, reason=reason))
+
+
+def _transport_of(ep: Any) -> str:
+    """The transport of the endpoint's bulk-data lane, from ``ucp_ep_print_info``."""
+    try:
+        text = _ep_info(ep)
+    except (OSError, AttributeError):
+        return "?"
+    lanes = [line for line in text.splitlines() if "lane[" in line]
+    for kind in ("rma_bw", "am_bw", " am"):
+        for line in lanes:
+            if kind in line:
+                # "#   lane[1]:  5:cma/memory.0 md[4] -> ... rma_bw#0"
+                field = line.split("]:", 1)[1].split()[0]
+                return field.split(":", 1)[-1].split("/", 1)[0]
+    return "?"
+
+
+def _ep_info(ep: Any) -> str:
+    libucp = ctypes.CDLL("libucp.so.0")  # loaded already, by ucxx
+    libc = ctypes.CDLL(None)
+    libc.open_memstream.restype = ctypes.c_void_p
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        raise OSError("open_memstream failed")
+    try:
+        libucp.ucp_ep_print_info(ctypes.c_void_p(ep.handle), ctypes.c_void_p(stream))
+    finally:
+        libc.fclose(ctypes.c_void_p(stream))
+    text = (buf.value or b"").decode(errors="replace")
+    libc.free(buf)
+    return text
