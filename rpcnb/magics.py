@@ -413,7 +413,8 @@ class RpcMagics(Magics):
             raise UsageError(f"--interval must be a positive number of seconds, not {args.interval}.")
         try:
             if args.text:
-                print(channels.describe(channels.predict_group()))
+                print(channels.describe(channels.predict_group())
+                      + channels.describe_ucx(channels.ucx_paths()))
                 return None
             try:
                 from rpcnb.widgets.channel_monitor import ChannelMonitor

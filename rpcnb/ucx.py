@@ -51,7 +51,8 @@ _outbox: dict[int, tuple[Any, float]] = {}  # tag -> (flat byte view of the tens
 _abandoned: list[tuple[Any, Any]] = []  # (request, buffer) that UCX may still write into
 _tags = itertools.count(1)
 _tag_base = 0
-_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "failed": 0}
+_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "failed": 0,
+          "receiving": 0, "sending": 0}  # transfers this process waits for now
 
 
 def requested(flag: bool | None = None) -> bool:
@@ -216,8 +217,13 @@ def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: 
     out = torch.empty(nbytes, dtype=torch.uint8, device=device)
     with _lock:
         req = _worker.tag_recv(_buffer(out), _api.UCXXTag(tag))
-    fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None)
-    _wait(s, req, out, sender, fut)
+        _stats["receiving"] += 1
+    try:
+        fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None)
+        _wait(s, req, out, sender, fut)
+    finally:
+        with _lock:
+            _stats["receiving"] -= 1
     with _lock:
         _stats["received"] += 1
         _stats["received_bytes"] += nbytes
@@ -242,7 +248,12 @@ def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
             _eps[receiver] = ep
         start, t0 = telemetry.now(), time.perf_counter()
         req = ep.tag_send(_buffer(flat), _api.UCXXTag(tag))
-    _wait(s, req, flat, receiver, None)
+        _stats["sending"] += 1
+    try:
+        _wait(s, req, flat, receiver, None)
+    finally:
+        with _lock:
+            _stats["sending"] -= 1
     duration = time.perf_counter() - t0
     with _lock:
         transport = _transports.get(receiver) or _transport_of(ep)
