@@ -68,7 +68,7 @@ def table(results: dict[str, Any], sizes: list[int]) -> str:
         rows.append([k, f"{uv:.1f} ms", f"{sh:.1f} ms", f"{u:.1f} ms", f"{u / uv:.2f}",
                      f"{u / sh:.2f}", f"{mb * MB / (u / 1e3) / 1e9:.2f}"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

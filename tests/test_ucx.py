@@ -162,8 +162,8 @@ for how in ("flag", "env"):
         rpcnb.init(1, ucx=True) if how == "flag" else rpcnb.init(1)
     except errors.RpcnbError as exc:
         assert str(exc) == errors.UCX_MISSING, exc
-        print(how, "refused", "initialized" if __import__("rpcnb.state").state.is_initialized() else "nothing started",
-              flush=True)
+        started = __import__("rpcnb.state").state.is_initialized()
+        print(how, "refused", "initialized" if started else "nothing started", flush=True)
 from IPython.testing.globalipapp import start_ipython
 ip = start_ipython()
 ip.run_line_magic("load_ext", "rpcnb")
@@ -182,7 +182,7 @@ def test_the_missing_extra_says_how_to_install_it():
     assert "flag refused nothing started" in out and "env refused nothing started" in out
     assert f"magic: {errors.UCX_MISSING}" in out
     assert "pip install 'rpcnb[ucx]'" in errors.UCX_MISSING
-    assert seen == {min(seen)} or len(seen) == 1  # no worker was started
+    assert len(seen) == 1  # no worker was started: only the program itself
 
 
 def _kill_during(direction: str, nbytes: int) -> tuple[BaseException | None, float]:
