@@ -26,18 +26,25 @@ import contextlib
 import ctypes
 import importlib.util
 import itertools
+import mmap
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from rpcnb import errors, shm, state, telemetry
 
 ENV = "RPCNB_UCX"
 DEFAULT_THRESHOLD = 1 << 20  # 1 MB
+DEFAULT_POOL_BYTES = 1 << 30  # receive buffers kept for reuse, at most
 PULL = "ucx_pull"
+HUGE = 2 << 20  # a transparent huge page
+MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
 
 _threshold = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
+_pool_limit = int(os.environ.get("RPCNB_UCX_POOL_BYTES", DEFAULT_POOL_BYTES))
+_idle = float(os.environ.get("RPCNB_UCX_IDLE_S", 30))
 _lock = threading.RLock()  # one worker, driven from several threads: one at a time
 _api: Any = None  # ucxx._lib.libucxx, once loaded
 _array: Any = None  # ucxx._lib.arr.Array
@@ -49,10 +56,12 @@ _eps: dict[str, Any] = {}  # peer name -> endpoint
 _transports: dict[str, str] = {}  # peer name -> the UCX transport its endpoint moves data on
 _outbox: dict[int, tuple[Any, float]] = {}  # tag -> (flat byte view of the tensor, when)
 _abandoned: list[tuple[Any, Any]] = []  # (request, buffer) that UCX may still write into
+_free: list[tuple[mmap.mmap, float]] = []  # receive buffers no tensor uses, since when
+_pool_bytes = 0  # of every receive buffer the pool made, in use or free
 _tags = itertools.count(1)
 _tag_base = 0
 _stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "failed": 0,
-          "receiving": 0, "sending": 0}  # transfers this process waits for now
+          "receiving": 0, "sending": 0, "reused": 0}  # transfers this process waits for now
 
 
 def requested(flag: bool | None = None) -> bool:
@@ -107,12 +116,22 @@ def activate(s: Any) -> None:
     global _ctx, _worker, _address, _group, _tag_base
     _load()
     with _lock:
-        _ctx = _api.UCXContext(feature_flags=(_api.Feature.TAG,))
+        _ctx = _api.UCXContext(config_dict=_config(s), feature_flags=(_api.Feature.TAG,))
         _worker = _api.UCXWorker(_ctx)
         _address = bytes(_worker.address)
         # tags are unique in the group: rank, then this process, then a counter
         _tag_base = ((s.rank & 0xFFFF) << 48) | ((os.getpid() & 0xFFFF) << 32)
         _group = s.group_id
+
+
+def _config(s: Any) -> dict[str, str]:
+    """UCX's settings for group ``s``: its TCP transport listens only where TensorPipe
+    does (``lo`` on one host, the group's interface between hosts), never on every
+    interface of the machine. ``UCX_NET_DEVICES`` in the environment wins."""
+    if os.environ.get("UCX_NET_DEVICES"):
+        return {}
+    iface = os.environ.get("TP_SOCKET_IFNAME", "") if not s.one_host else ""
+    return {"NET_DEVICES": iface or "lo"}
 
 
 def is_active() -> bool:
@@ -138,12 +157,14 @@ def deactivate() -> None:
         _abandoned.clear()
         _worker = None
         _ctx = None
+        _trim(float("inf"))  # buffers tensors still use are unmapped when those are freed
 
 
 def stats() -> dict[str, Any]:
     with _lock:
         return dict(_stats, endpoints=len(_eps), outbox=len(_outbox),
-                    transports=dict(_transports))
+                    transports=dict(_transports), pool_bytes=_pool_bytes,
+                    pool_free=len(_free))
 
 
 def transports() -> dict[str, str]:
@@ -214,7 +235,10 @@ def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: 
         # untested (no GPU here): the sender's device index when this member has it
         index = torch.device(device).index or 0
         device = device if index < torch.cuda.device_count() else "cuda"
-    out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    if device == "cpu":
+        out = _host_buffer(nbytes)
+    else:
+        out = torch.empty(nbytes, dtype=torch.uint8, device=device)
     with _lock:
         req = _worker.tag_recv(_buffer(out), _api.UCXXTag(tag))
         _stats["receiving"] += 1
@@ -229,6 +253,77 @@ def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: 
         _stats["received_bytes"] += nbytes
     torch_dtype = getattr(torch, dtype.replace("torch.", ""))
     return out.view(torch_dtype).view(shape)
+
+
+def _host_buffer(nbytes: int) -> Any:
+    """A flat uint8 CPU tensor of ``nbytes`` to receive into, over a buffer of the pool.
+
+    A fresh tensor's pages are faulted in by UCX's first write, one 4 kB page at a time,
+    which costs more than the transfer itself (0.3 GB/s on the development VM). The pool
+    keeps buffers of transparent huge pages, faulted in once, and takes each one back when
+    the tensor over it (and every view of it) is freed; past ``RPCNB_UCX_POOL_BYTES`` a
+    receive gets a fresh tensor. Buffers idle for ``RPCNB_UCX_IDLE_S`` seconds are
+    unmapped at the next receive, and all at shutdown.
+    """
+    import torch
+
+    global _pool_bytes
+    mm = None
+    with _lock:
+        now = time.monotonic()
+        _trim(now - _idle)
+        fits = [b for b in _free if nbytes <= len(b[0]) <= 2 * nbytes + HUGE]
+        if fits:
+            best = min(fits, key=lambda b: len(b[0]))
+            _free.remove(best)
+            mm = best[0]
+            _stats["reused"] += 1
+        else:
+            size = -(-nbytes // HUGE) * HUGE
+            if _pool_bytes + size > _pool_limit:
+                _trim(now)  # make room from the idle ones, however recent
+            if _pool_bytes + size <= _pool_limit:
+                mm = _new_buffer(size)
+                _pool_bytes += size if mm is not None else 0
+    if mm is None:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    view = memoryview(mm)[:nbytes]
+    weakref.finalize(view, _give_back, mm)
+    out = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
+    del view  # only the tensor's storage holds it now
+    return out
+
+
+def _new_buffer(size: int) -> mmap.mmap | None:
+    try:
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError, AttributeError):
+        mm.madvise(mmap.MADV_HUGEPAGE)  # 512 times fewer page faults where THP is on
+    with contextlib.suppress(OSError):
+        mm.madvise(MADV_POPULATE_WRITE)  # all of them now, in one go
+    return mm
+
+
+def _give_back(mm: mmap.mmap) -> None:
+    """The last tensor over ``mm`` was freed: keep it for the next receive."""
+    global _pool_bytes
+    with _lock:
+        if _group is not None:
+            _free.append((mm, time.monotonic()))
+            return
+        _pool_bytes -= len(mm)
+    mm.close()
+
+
+def _trim(before: float) -> None:
+    """Unmap the free buffers idle since before ``before`` (under ``_lock``)."""
+    global _pool_bytes
+    for entry in [b for b in _free if b[1] < before]:
+        _free.remove(entry)
+        _pool_bytes -= len(entry[0])
+        entry[0].close()
 
 
 def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
