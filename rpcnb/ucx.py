@@ -54,7 +54,7 @@ _address = b""
 _group: str | None = None
 _eps: dict[str, Any] = {}  # peer name -> endpoint
 _transports: dict[str, str] = {}  # peer name -> the UCX transport its endpoint moves data on
-_outbox: dict[int, tuple[Any, float]] = {}  # tag -> (flat byte view of the tensor, when)
+_outbox: dict[int, tuple[Any, float, str]] = {}  # tag -> (flat bytes, when, to whom or '')
 _abandoned: list[tuple[Any, Any]] = []  # (request, buffer) that UCX may still write into
 _free: list[tuple[mmap.mmap, float]] = []  # receive buffers no tensor uses, since when
 _pool_bytes = 0  # of every receive buffer the pool made, in use or free
@@ -188,10 +188,12 @@ def wants(tensor: Any) -> bool:
     )
 
 
-def _sweep(now: float, timeout: float) -> None:
-    """Drop tensors nobody pulled within the group's RPC timeout (their message was lost)."""
-    for tag, (_, when) in list(_outbox.items()):
-        if now - when > timeout:
+def _sweep(s: Any, now: float) -> None:
+    """Drop tensors nobody pulled within twice the group's RPC timeout (their message was
+    lost), and at once those sent to a member that died since (under ``_lock``)."""
+    timeout = float(s.options.get("timeout", 60.0)) * 2
+    for tag, (_, when, peer) in list(_outbox.items()):
+        if now - when > timeout or (peer and peer in s.dead):
             del _outbox[tag]
 
 
@@ -208,9 +210,9 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     flat = flat.reshape(-1).view(torch.uint8)
     now = time.monotonic()
     with _lock:
-        _sweep(now, float(s.options.get("timeout", 60.0)) * 2)
+        _sweep(s, now)
         tag = _tag_base | (next(_tags) & 0xFFFFFFFF)
-        _outbox[tag] = (flat, now)
+        _outbox[tag] = (flat, now, telemetry.current_peer())  # '' in a reply
     return _rebuild, (s.name, tag, str(tensor.dtype), tuple(tensor.shape), str(tensor.device),
                       flat.numel())
 

@@ -18,7 +18,15 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive, run_watched, wait_until
+from conftest import (
+    children_of,
+    kill_all,
+    listening_addresses,
+    pid_alive,
+    run_watched,
+    wait_until,
+    worker_pids,
+)
 
 import rpcnb
 from rpcnb import errors, shm, state, ucx
@@ -122,6 +130,9 @@ def test_magics_take_ucx_and_channels_show_it(kernel):
     assert kernel.value("__import__('rpcnb.ucx').ucx.stats()['received']") == 1
     text = kernel.execute("%rpc_channels --text").stdout
     assert "worker0 -> worker1: ucx: " in text and "worker1 -> worker0: ucx: " in text
+    log = kernel.value("open(__import__('rpcnb.state').state.current().procs['worker1']"
+                       ".log_path).read()")
+    assert "unused environment variable" not in log, log  # UCX's warnings stay quiet
     kernel.execute("%rpc_shutdown")
 
 
@@ -221,6 +232,75 @@ def test_a_peer_killed_mid_transfer_gives_the_died_error_within_5_s(ucx_group, d
     # the rest of the group keeps working, over UCX too
     back = rpc.rpc_sync("worker2", echo, args=(torch.ones(2 * MB),))
     assert back.sum().item() == 2 * MB
+
+
+def _ns_pids(ns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns, tmp_path):
+    """A kernel and its worker1 on one host, ``python -m rpcnb.worker --join ... --ucx`` in
+    a second network namespace joined by a veth pair: values cross over UCX's TCP,
+    telemetry says "ucx: tcp", and UCX listens only on the group's addresses."""
+    ns, here = netns["ns"], netns["here"]
+    addr = subprocess.run(["ip", "-4", "-o", "addr", "show", here], capture_output=True,
+                          text=True).stdout.split()[3].split("/")[0]
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute(f"%rpc_init --workers 1 --port 0 --host {addr} --allow-remote --ucx")
+    kernel.execute("import rpcnb.state, shutil, os, torch\n_s = rpcnb.state.current()")
+    token = tmp_path / "connection.json"
+    kernel.execute(f"shutil.copy(_s.connection_path, {str(token)!r})")
+    os.chmod(token, 0o600)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    env.pop(ucx.ENV, None)  # the flag alone asks for UCX
+    log = tmp_path / "worker2.log"
+    proc = None
+    try:
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "rpcnb.worker", "--join",
+                 kernel.value("_s.init_method"), "--token-file", str(token), "--name",
+                 "worker2", "--ucx"], stdout=f, stderr=subprocess.STDOUT, env=env)
+        assert wait_until(lambda: proc.poll() is not None or "worker2" in kernel.value(
+            "[n for n, _ in _s.admitted()]"), 120), log.read_text()[-2000:]
+        assert proc.poll() is None, log.read_text()[-2000:]
+        members = worker_pids(kernel)
+        assert members["worker2"] in _ns_pids(ns)  # it is in the other namespace
+        # a function of the notebook's (torch's builtin ops take TorchScript's path)
+        kernel.execute("import torch.distributed.rpc as rpc\nfrom rpcnb import ucx\n"
+                       "def echo(t):\n    return t\n_before = ucx.stats()")
+        for dtype in ("float32", "float64", "int64", "bfloat16", "bool"):
+            same = kernel.value(
+                f"(lambda x: bool(torch.equal(rpc.rpc_sync('worker2', echo, "
+                f"args=(x,)), x)))((torch.rand(2**19, 3) * 100).to(torch.{dtype}))")
+            assert same is True, dtype
+        counts = kernel.value("{k: ucx.stats()[k] - _before[k] for k in ('sent', 'received')}")
+        assert counts == {"sent": 5, "received": 5}
+        # member to member across the namespaces, and back: a cell on worker1
+        out = kernel.execute(
+            "%%remote worker1 --fetch\nimport torch, torch.distributed.rpc as rpc\n"
+            "from rpcnb import ucx\nx = torch.rand(2**20)\ndef echo(t):\n    return t\n"
+            "(bool(torch.equal(rpc.rpc_sync('worker2', echo, args=(x,)), x)), "
+            "ucx.transports().get('worker2'))").text
+        assert "(True, 'tcp')" in out, out
+        assert kernel.value("ucx.transports()['worker2']") == "tcp"
+        assert kernel.value("__import__('rpcnb.telemetry').telemetry.peer_stats()"
+                            "['worker2']['ucx']") == "ucx: tcp"
+        assert "worker0 -> worker2: ucx: tcp" in kernel.execute("%rpc_channels --text").stdout
+        # UCX listens where TensorPipe does: the veth address (and loopback), nothing else
+        for pid in (kernel.pid, members["worker1"]):
+            for listened in listening_addresses(pid):
+                host = listened.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+                assert host in (addr, "127.0.0.1", "::1"), (pid, listened)
+        kernel.execute("%rpc_shutdown")
+        assert proc.wait(30) == 0, log.read_text()[-2000:]
+        assert "unused environment variable" not in log.read_text()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        kill_all([p for p in _ns_pids(ns) if pid_alive(p)])
 
 
 def _threads_and_fds() -> tuple[int, int]:
