@@ -8,10 +8,13 @@ receive for that tag into a tensor of its own, then asks the sender over rpcnb's
 (``ucx_pull``, token-checked like every request) to send it; that request carries the
 receiver's UCX worker address, so the sender opens its endpoint to the receiver lazily, the
 first time, and keeps it. The receiver gets a new tensor: copy semantics, as on the other
-paths.
+paths. A CPU tensor is received into a buffer of this process's pool (pre-faulted huge
+pages, taken back when the tensor is freed): the first write into a fresh tensor's pages
+costs more than the transfer itself.
 
 UCX picks the wire itself (shared memory and CMA on one host, TCP, InfiniBand/RoCE, CUDA
 IPC, GPUDirect RDMA); telemetry records which one each endpoint uses, as ``ucx: tcp``.
+Its TCP transport listens only where TensorPipe does (``lo`` on one host).
 Endpoints between hosts use UCX's peer error handling (a dead peer fails the transfer);
 on one host that mode would leave UCX only TCP, so rpcnb detects a dead peer itself
 there. There is no progress thread: the two threads that wait for a transfer drive it.

@@ -7,6 +7,7 @@ The test process itself is worker0 in most tests (the Python API).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -31,7 +32,9 @@ from conftest import (
 import rpcnb
 from rpcnb import errors, shm, state, ucx
 
-pytest.importorskip("ucxx", reason="the ucx extra is not installed: pip install -e '.[test]'")
+# not imported here: rpcnb sets UCX's environment up before ucxx loads (its warnings off)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ucxx") is None,
+                                reason="the ucx extra is not installed: pip install -e '.[test]'")
 
 MB = 1 << 20
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -106,6 +109,31 @@ def test_push_fetch_and_remote_results_take_ucx_with_copy_semantics(ucx_group):
     assert t.sum().item() == 0  # the callee changed its own copy
     assert rpc.rpc_sync("worker1", worker_ucx_stats)["sent"] >= 1
     assert not shm.stats()["in_flight"]
+
+
+def test_received_buffers_are_reused_only_once_every_view_is_freed(ucx_group):
+    def fetch(value: float) -> torch.Tensor:
+        return rpcnb.run("worker1", f"import torch\ntorch.full((2**20,), {value})", fetch=True)
+
+    a = fetch(1.0)
+    before = ucx.stats()
+    b = fetch(2.0)
+    assert bool(a.eq(1).all()) and bool(b.eq(2).all())  # a is kept: b has a buffer of its own
+    view = a[10:20]
+    del a
+    c = fetch(3.0)
+    assert bool(view.eq(1).all()) and bool(c.eq(3).all())  # a view still holds a's buffer
+    assert ucx.stats()["reused"] == before["reused"]
+    del view
+    d = fetch(4.0)
+    assert ucx.stats()["reused"] == before["reused"] + 1  # now it is taken again
+    assert bool(d.eq(4).all()) and bool(b.eq(2).all()) and bool(c.eq(3).all())
+    assert ucx.stats()["pool_bytes"] >= 3 * 4 * MB
+    rpcnb.shutdown()
+    assert bool(d.eq(4).all())  # still mapped: the group ended, d did not
+    assert ucx.stats()["pool_bytes"] >= 4 * MB  # b, c, d until they are freed
+    del b, c, d
+    assert ucx.stats()["pool_bytes"] == 0
 
 
 def test_telemetry_names_the_ucx_transport(ucx_group):
