@@ -146,6 +146,12 @@ def test_telemetry_names_the_ucx_transport(ucx_group):
     paths = channels.ucx_paths()
     assert ("worker0", "worker1") in paths and ("worker1", "worker0") in paths
     assert "worker1 -> worker0: ucx: " in channels.describe_ucx(paths)
+    # UCX's TCP transport listens on loopback only, like the rest of a one-host group
+    procs = state.current().procs
+    for pid in (os.getpid(), procs["worker1"].pid, procs["worker2"].pid):
+        for listened in listening_addresses(pid):
+            host = listened.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+            assert host in ("127.0.0.1", "::1"), (pid, listened)
 
 
 def test_magics_take_ucx_and_channels_show_it(kernel):
