@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import Kernel, children_of, kill_all, pid_alive  # noqa: E402
 
 from bench.in_kernel import MARK  # noqa: E402
+from bench.ucx import section as ucx_section  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
 
@@ -576,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {out_path}")
+    if interrupted is None:  # the UCX section, a process of its own: bench/results/ucx.json
+        ucx_section(args.quick)
     if interrupted is not None:
         raise interrupted
     return 1 if errors else 0

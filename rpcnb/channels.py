@@ -15,7 +15,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rpcnb import protocol, roster, state, text
+from rpcnb import protocol, roster, state, telemetry, text
 from rpcnb.machine import Facts, process_facts
 from rpcnb.options import CHANNELS, TRANSPORTS
 
@@ -330,6 +330,31 @@ def predict(facts: dict[str, Facts]) -> dict[tuple[str, str], PairPrediction]:
 def predict_group(names: list[str] | None = None) -> dict[tuple[str, str], PairPrediction]:
     """``predict`` over the live group (facts gathered over RPC)."""
     return predict(gather(names))
+
+
+def ucx_paths() -> dict[tuple[str, str], str]:
+    """(sender, receiver) -> "ucx: <transport>" for every pair that moved a tensor over
+    UCX, as the senders recorded it (asked of every live member)."""
+    s = state.current()
+    out: dict[tuple[str, str], str] = {}
+    for name in roster.live_names(s):
+        try:
+            stats = (telemetry.peer_stats() if name == s.name
+                     else protocol.call(s.token, name, "peer_stats", timeout=5))
+        except Exception:
+            continue
+        for peer, st in stats.items():
+            if st.get("ucx"):
+                out[(name, peer)] = st["ucx"]
+    return out
+
+
+def describe_ucx(paths: dict[tuple[str, str], str]) -> str:
+    """The lines %rpc_channels adds for pairs that moved tensors over UCX ("" if none)."""
+    if not paths:
+        return ""
+    return "\n\nover UCX (measured):\n" + "\n".join(
+        f"  {src} -> {dst}: {path}" for (src, dst), path in sorted(paths.items()))
 
 
 # -- what TensorPipe says it did ---------------------------------------------------------

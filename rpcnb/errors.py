@@ -226,3 +226,25 @@ class CompositeRemoteError(RemoteError):
             lines.append("")
             lines.extend(err._render_traceback_())
         return lines
+
+UCX_MISSING = (
+    "--ucx (RPCNB_UCX=1) needs the ucxx package, which is not installed here: "
+    "pip install 'rpcnb[ucx]' (in every environment the group's members run in), or leave "
+    "out --ucx."
+)
+UCX_BROKEN = (
+    "--ucx: ucxx is installed but does not load here ({reason}): reinstall it with "
+    "pip install --force-reinstall 'rpcnb[ucx]', or leave out --ucx."
+)
+UCX_NOT_ON = (
+    "{sender} sent a tensor over UCX, but this member ({name}) has no UCX path: join with "
+    "--ucx (or RPCNB_UCX=1), as the group's first kernel did."
+)
+UCX_PEER_LOST = (
+    "A tensor from {peer!r} over UCX did not arrive: {reason}. If {peer} died, %rpc_workers "
+    "says so and %rpc_restart {peer} replaces it."
+)
+UCX_GONE = (
+    "{peer!r} asked for a tensor this member no longer holds for it (it waited longer than "
+    "the group's RPC timeout, or the group restarted): send it again."
+)

@@ -14,7 +14,19 @@ from typing import Any
 
 import torch
 
-from rpcnb import _torch, channels, doctor, leave, protocol, roster, serialize, start, telemetry, values
+from rpcnb import (
+    _torch,
+    channels,
+    doctor,
+    leave,
+    protocol,
+    roster,
+    serialize,
+    start,
+    telemetry,
+    ucx,
+    values,
+)
 from rpcnb.cells import call, output
 from rpcnb.cells.runner import Job
 from rpcnb.state import Session
@@ -73,6 +85,12 @@ def register(s: Session, name: str, rank: int, info: dict[str, Any], proof: str)
 def shm_full(s: Session, message: str) -> None:
     """A member found /dev/shm full: the group's one warning (on the leader)."""
     start.report_shm_full(s, message)
+
+
+def ucx_pull(s: Session, tag: int, receiver: str, address: bytes) -> str:
+    """A member unpickling a message from this one wants the tensor under ``tag`` over
+    UCX (see ``rpcnb.ucx``)."""
+    return ucx.pull(s, tag, receiver, address)
 
 
 def registry(s: Session) -> list[tuple[str, int]]:
@@ -147,6 +165,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "register": register,
     "registry": registry,
     "shm_full": shm_full,
+    ucx.PULL: ucx_pull,
     "member_died": member_died,
     "member_back": member_back,
     "drop_member": drop_member,

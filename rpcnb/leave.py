@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from rpcnb import _torch, launch, protocol, roster, shm, state
+from rpcnb import _torch, launch, protocol, roster, shm, state, ucx
 from rpcnb.state import Session
 
 
@@ -43,6 +43,7 @@ def leave_group(timeout: float = 10.0, graceful: bool = True) -> None:
     s.closing = True
     local_shutdown(graceful=graceful, timeout=timeout)
     shm.deactivate()
+    ucx.deactivate()
     if s.runner is not None and not s.runner.on_main:
         s.runner.stop()
     state.end(s)
@@ -87,8 +88,10 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
 
 def close(s: Session) -> None:
     """What is left after this process left torch's group: its shared memory, the
-    buffers of workers that were killed, its cell runner, the group's directory."""
+    buffers of workers that were killed, its UCX endpoints, its cell runner, the group's
+    directory."""
     shm.deactivate()
+    ucx.deactivate()
     for w in s.procs.values():  # a worker that was killed could not clean up after itself
         shm.remove_segments_of(w.pid, s.group_id)
     if s.runner is not None:

@@ -148,6 +148,8 @@ class RpcMagics(Magics):
               help="accept a --host that other machines can reach")
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
+    @argument("--ucx", action="store_true", default=None,
+              help="move large tensors over UCX (pip install 'rpcnb[ucx]'; also RPCNB_UCX=1)")
     @argument("--add", type=int, default=None, metavar="N",
               help="in a running group: start N more workers (with --gpus: their GPUs)")
     @argument("--engines", type=int, default=None, metavar="N",
@@ -213,7 +215,8 @@ class RpcMagics(Magics):
                 if args.gpus is not None:
                     raise UsageError(JOIN_NO_GPUS)
                 group = session.join(args.join, args.name, token=args.token,
-                                     shm=not args.no_shm, interface=args.interface, **kwargs)
+                                     shm=not args.no_shm, interface=args.interface,
+                                     ucx=args.ucx, **kwargs)
             else:
                 if args.token:
                     raise UsageError("--token goes with --join; a new group makes its own.")
@@ -225,7 +228,7 @@ class RpcMagics(Magics):
                     kwargs["gpus"] = args.gpus
                 kwargs.update(name=args.name or "worker0", channels=_csv(args.channels),
                               transports=_csv(args.transports), shm=not args.no_shm,
-                              port=args.port, host=args.host or "127.0.0.1",
+                              ucx=args.ucx, port=args.port, host=args.host or "127.0.0.1",
                               allow_remote=args.allow_remote, interface=args.interface)
                 if args.engines is not None:
                     from rpcnb import cluster
@@ -253,7 +256,7 @@ class RpcMagics(Magics):
                               "transports", "device_map", "token", "port", "host", "engines",
                               "launcher", "cluster_args", "attach", "interface")
                   if getattr(args, f) not in (None, 0)]
-        if others or args.allow_remote or args.no_shm:
+        if others or args.allow_remote or args.no_shm or args.ucx:
             raise UsageError(ADD_ALONE)
         if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
@@ -424,7 +427,8 @@ class RpcMagics(Magics):
             raise UsageError(f"--interval must be a positive number of seconds, not {args.interval}.")
         try:
             if args.text:
-                print(channels.describe(channels.predict_group()))
+                print(channels.describe(channels.predict_group())
+                      + channels.describe_ucx(channels.ucx_paths()))
                 return None
             try:
                 from rpcnb.widgets.channel_monitor import ChannelMonitor

@@ -5,7 +5,8 @@ notebook cell fails on the other side, or silently runs the callee's own functio
 same name. rpcnb swaps in a cloudpickle-based pickler: anything defined in ``__main__``
 (notebook cells, remote cells) travels by value, while tensors and RRefs keep going
 through torch's own tables so device maps and channels still apply. Large CPU tensors to
-a same-host peer take rpcnb's shared memory (``rpcnb.shm``). NumPy, CuPy and other
+a same-host peer take rpcnb's shared memory (``rpcnb.shm``), or UCX where the group asked
+for it (``rpcnb.ucx``). NumPy, CuPy and other
 DLPack arrays travel as tensors too (``rpcnb.arrays``).
 
 While this process is in a group, every payload it sends is signed with the group's key
@@ -29,7 +30,7 @@ import time
 import types
 from typing import Any
 
-from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry
+from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry, ucx
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -127,7 +128,13 @@ def _kind(obj: Any) -> str:
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
-    """Large CPU tensors to a same-host peer take rpcnb's shared-memory path."""
+    """Large tensors take the UCX path in a group that asked for it (``rpcnb.ucx``: the
+    sender records the transfer when it is pulled), else large CPU tensors to a same-host
+    peer take rpcnb's shared-memory path."""
+    if ucx.wants(tensor):
+        reduced = ucx.export(tensor)
+        if reduced is not None:
+            return reduced
     if shm.wants(tensor):
         start, t0 = telemetry.now(), time.perf_counter()
         reduced = shm.export(tensor)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from rpcnb import _torch, errors, launch, leave, machine, options, rendezvous, roster, state
+from rpcnb import ucx as ucx_path
 from rpcnb.cells.background import jobs
 from rpcnb.cells.background import start as run_bg
 from rpcnb.cells.call import interrupt, run
@@ -55,7 +56,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
          transports: Iterable[str] | None = None, shm: bool = True,
          device_map: Any = None, gpus: str | None = None, port: int | None = None,
          host: str = "127.0.0.1", allow_remote: bool = False,
-         interface: str | None = None) -> Group:
+         interface: str | None = None, ucx: bool | None = None) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. ``gpus`` says which of this kernel's
@@ -70,6 +71,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     (loopback unless ``allow_remote``). Either way a random secret, kept in the connection
     file, is needed to join. TensorPipe listens on the interface that owns ``host``, or on
     ``interface`` when it is given (anything but ``lo`` needs ``allow_remote``).
+    ``ucx`` (default: the ``RPCNB_UCX`` variable) moves large tensors over UCX
+    (``rpcnb.ucx``; needs ``pip install 'rpcnb[ucx]'``).
     """
     launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if state.is_initialized():
@@ -82,6 +85,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
     opts = options.validate(threads, timeout, channels, transports)
     opts["shm"] = bool(shm)
+    opts["ucx"] = ucx_path.option(ucx)
     devices = options.plan_devices(name, names, gpus, device_map)
     if name in devices.maps:
         opts["device_map"] = devices.maps[name]
@@ -162,17 +166,19 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
 def join(address: str, name: str, *, token: str | None = None,
          threads: int = options.DEFAULT_THREADS, timeout: float | None = None,
          shm: bool = True, device_map: Any = None, interface: str | None = None,
-         kind: str = "kernel") -> Group:
+         kind: str = "kernel", ucx: bool | None = None) -> Group:
     """Join a group as ``name``; remote cells sent to ``name`` run in this namespace.
 
     ``address`` is the connection file %rpc_init printed (or its directory, or the
     file:// store beside it); from another host, ``tcp://HOST:PORT`` with ``token``.
     There TensorPipe listens on ``interface`` (default: the interface that reaches HOST).
+    ``ucx``: as for ``init``; give it when the group's first kernel did.
     """
     launch.apply_quiet_env()
     opts = options.validate(threads, timeout if timeout is not None
                             else options.DEFAULT_RPC_TIMEOUT)
     opts["shm"] = shm
+    opts["ucx"] = ucx_path.option(ucx)
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
     options.check_name(name)

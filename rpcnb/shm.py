@@ -220,6 +220,11 @@ def suppressed() -> Iterator[None]:
         _local.off = old
 
 
+def is_suppressed() -> bool:
+    """Inside ``suppressed()`` (rpcnb.ucx honours it too)."""
+    return bool(getattr(_local, "off", False))
+
+
 def wants(tensor: Any) -> bool:
     """Should this tensor take the shared-memory path?"""
     if not _enabled or _group is None or getattr(_local, "off", False):

@@ -34,6 +34,7 @@ from rpcnb import (
     shm,
     state,
     telemetry,
+    ucx,
     view,
 )
 from rpcnb.cells.output import install_routing, shell
@@ -83,6 +84,14 @@ def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *
     import torch.distributed.nn  # noqa: F401
     if opts.get("shm", True) and opts.get("one_host", True):
         shm.activate(s.group_id, on_full=_shm_full(s))
+    if opts.get("ucx"):
+        try:
+            ucx.activate(s)
+        except BaseException:
+            leave.local_shutdown(graceful=False)
+            shm.deactivate()
+            state.end(s)
+            raise
     telemetry.clear()  # a new group: its worker1 is not the last group's worker1
     return s
 
@@ -308,6 +317,7 @@ def abort(s: Session | None, group_dir: Path | None, runner: Any = None) -> None
         if state.active() is s:
             leave.local_shutdown(graceful=False)
         shm.deactivate()
+        ucx.deactivate()
         if s.runner is not None:
             s.runner.stop()
         state.end(s)

@@ -27,7 +27,7 @@ class Record:
     duration: float  # seconds
     nbytes: int = 0  # tensor bytes sent
     ok: bool = True
-    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), or "rpcnb_shm"
+    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), "rpcnb_shm", "ucx: tcp"
 
 
 _lock = threading.Lock()
@@ -178,7 +178,7 @@ def current_peer() -> str:
 
 
 # rpcnb's own bookkeeping calls, left out of the traffic the channel monitor shows
-MONITOR_OPS = ("peer_stats", "facts")
+MONITOR_OPS = ("peer_stats", "facts", "ucx_pull")
 
 
 def traffic_stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -189,10 +189,13 @@ def traffic_stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
         return {"calls": 0, "p50_ms": None, "bytes_per_s": None}
     moved = [r for r in calls if r["nbytes"] and r["duration"] > 0]
     busy = sum(r["duration"] for r in moved)
+    ucx = [r["channel"] for r in calls if r["channel"].startswith("ucx: ")]
     return {
         "calls": len(calls),
         "p50_ms": statistics.median(r["duration"] for r in calls) * 1e3,
         "bytes_per_s": sum(r["nbytes"] for r in moved) / busy if busy > 0 else None,
+        # the UCX transport of the latest tensor sent over UCX ("ucx: tcp"), if any
+        "ucx": ucx[-1] if ucx else None,
     }
 
 

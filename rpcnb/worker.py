@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import errors, handlers, launch, leave, options, protocol, shm, start
+from rpcnb import errors, handlers, launch, leave, options, protocol, shm, start, ucx
 from rpcnb.cells import output
 from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
@@ -119,6 +119,8 @@ def headless_parser() -> Any:
     ap.add_argument("--timeout", type=float, default=options.DEFAULT_RPC_TIMEOUT)
     ap.add_argument("--no-shm", action="store_true",
                     help="move tensors over TensorPipe only, not rpcnb's shared memory")
+    ap.add_argument("--ucx", action="store_true", default=None,
+                    help="move large tensors over UCX, as the group does (also RPCNB_UCX=1)")
     return ap
 
 
@@ -195,7 +197,8 @@ def headless(argv: list[str]) -> None:
         secret = read_token(args.token, args.token_file, args.join)
         name = worker_name(args.name)
         opts = options.validate(args.threads, args.timeout)
-    except ValueError as exc:
+        opts["ucx"] = ucx.option(args.ucx)
+    except (ValueError, errors.RpcnbError) as exc:
         print(f"rpcnb.worker: {exc}", file=sys.stderr)
         sys.exit(2)
     opts["shm"] = not args.no_shm

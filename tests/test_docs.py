@@ -45,7 +45,7 @@ def _page(site: Path, name: str) -> str:
                                   "magics.html", "channels.html", "architecture.html",
                                   "benchmarks.html", "security.html", "load.html", "troubleshooting.html",
                                   "tutorials.html", "api.html", "existing-code.html",
-                                  "settings.html", "clusters.html", "panel.html"])
+                                  "settings.html", "clusters.html", "panel.html", "ucx.html"])
 def test_page_exists(site: Path, name: str) -> None:
     _page(site, name)
 

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, progress, protocol, shm, state
+from rpcnb import errors, progress, protocol, shm, state, ucx
 from rpcnb.cells.output import Capture, router
 
 
@@ -191,7 +191,7 @@ def make_rref(me: str, value: Any) -> Any:
     import torch
     import torch.distributed.rpc as rpc
 
-    if isinstance(value, torch.Tensor) and shm.wants(value):
+    if isinstance(value, torch.Tensor) and (shm.wants(value) or ucx.wants(value)):
         s = state.current()
         key = os.urandom(8).hex()
         with s.lock:

@@ -51,6 +51,7 @@ function matrixTable(model) {
       const c = matrix[`${a}->${b}`] || {};
       const td = h("td", { class: "rpcnb-cell", "data-pair": `${a}->${b}`, title: c.reason || "" },
         h("div", { class: "rpcnb-path" }, `${c.transport || "?"} / ${c.channel || "?"}`),
+        c.ucx ? h("div", { class: "rpcnb-path rpcnb-ucx" }, c.ucx) : "",
         h("div", { class: "rpcnb-num" }, `p50 ${fmtMs(c.p50_ms)}`),
         h("div", { class: "rpcnb-num" }, `${fmtRate(c.bytes_per_s)} · ${c.calls || 0} calls`));
       row.append(td);
