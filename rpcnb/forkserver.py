@@ -19,7 +19,8 @@ Fork safety: it never initialises CUDA (a CUDA context does not survive a fork; 
 with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` so that a ``torch.cuda.is_available()`` during an
 import asks NVML instead of creating one), runs no tensor operation (torch's thread pools
 start at the first one) and starts no Python thread. It exits when the kernel's pipe
-closes or the kernel is gone; its workers, watching it, then end too.
+closes or the kernel is gone; the workers it forked do not depend on it (they watch the
+kernel, and end with it).
 """
 
 from __future__ import annotations
@@ -200,4 +201,4 @@ def main() -> None:
     try:
         serve(kernel_pid)
     finally:
-        os._exit(0)  # the workers notice that their launcher is gone, and leave
+        os._exit(0)  # its workers stay: they end with the kernel, not with their launcher

@@ -158,6 +158,15 @@ class ForkedProcess:
         self._ended.set()
 
 
+def _watch_orphans(orphans: list[ForkedProcess]) -> None:
+    """Workers whose launcher is gone: each ends (LOST, no exit status) when its pid does."""
+    while orphans:
+        for child in [c for c in orphans if not pid_alive(c.pid)]:
+            child.ended(LOST, lost=True)
+            orphans.remove(child)
+        time.sleep(0.2)
+
+
 class Launcher:
     """This process's warm launcher (``rpcnb.forkserver``): a Python in a session of its
     own that has imported torch, forking workers on request. It is reached only through
@@ -207,16 +216,11 @@ class Launcher:
             orphans = list(self._children.values())
             self._children.clear()
             self._cond.notify_all()
-        # its workers leave when they see it gone; their exit status went with it
-        deadline = time.monotonic() + 10
-        while orphans and time.monotonic() < deadline:
-            for child in [c for c in orphans if not pid_alive(c.pid)]:
-                child.ended(LOST, lost=True)
-                orphans.remove(child)
-            time.sleep(0.05)
-        for child in orphans:
-            kill_all([child.pid])
-            child.ended(LOST, lost=True)
+        # Its workers stay (they watch the kernel, not it); their exit status goes with
+        # it, so each is watched by pid from now on.
+        if orphans:
+            threading.Thread(target=_watch_orphans, args=(orphans,), daemon=True,
+                             name="rpcnb-orphans").start()
 
     def _send(self, msg: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -275,8 +279,8 @@ class Launcher:
         return dict(self._ask({"op": "facts"}, timeout)["facts"])
 
     def stop(self, grace: float = 2.0) -> None:
-        """Close its pipe (it exits, and its workers after it), SIGKILL by pid if it has
-        not after ``grace`` seconds; always reaped."""
+        """Close its pipe (it exits; its workers stay, they end with the kernel), SIGKILL
+        by pid if it has not after ``grace`` seconds; always reaped."""
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -413,7 +417,15 @@ def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir:
     ]
     # The secret goes through the launcher's pipe: not on a command line (ps) and not in
     # the environment (/proc/PID/environ keeps a process's first environment for good).
-    proc = warm_up().fork(argv, secret, env, log_path, title=f"rpcnb {name}")
+    launcher = warm_up()
+    try:
+        proc = launcher.fork(argv, secret, env, log_path, title=f"rpcnb {name}")
+    except LauncherFailed:
+        if not launcher.facts or launcher.alive():
+            raise  # it never came up, or it hangs: say why
+        # It had been ready and is gone now (killed by hand or by the OOM killer, between
+        # two starts): one fresh launcher, once.
+        proc = warm_up().fork(argv, secret, env, log_path, title=f"rpcnb {name}")
     return LocalWorker(name, rank, proc, log_path)
 
 

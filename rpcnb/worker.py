@@ -5,8 +5,8 @@
 "__main__"``) with a headless IPython shell, so ``display()``, magics and
 ``get_ipython()`` work in remote cells; joins the group; registers with the leader; and
 runs remote cells on its main thread until it is asked to leave. A thread watches the
-kernel that started it, and the launcher that forked it, and ends the process when
-either is gone.
+kernel that started it, and ends the process when it is gone (the launcher may go first:
+the workers it forked stay the group's).
 
 ``python -m rpcnb.worker --join ADDR`` is the same worker started by hand, or by a
 cluster's launcher (``srun``, ``mpiexec``) on a machine without Jupyter: it joins a
@@ -37,21 +37,19 @@ LEADER_SILENT_S = 15.0  # a headless worker leaves once its leader has not answe
 
 
 def _watch_parent(parent_pid: int, init_method: str) -> None:
-    """A worker process never outlives the kernel that started it (``parent_pid``), nor
-    the launcher that forked it for that kernel (its parent process)."""
-    starter = os.getppid()
+    """A worker process never outlives the kernel that started it (``parent_pid``). The
+    launcher that forked it for that kernel may go (replaced, or killed) without taking
+    the group's workers with it."""
     while True:
         time.sleep(0.5)
-        if os.getppid() == starter and launch.pid_alive(parent_pid):
+        if launch.pid_alive(parent_pid):
             continue
+        # The kernel died: take its shared memory and its group's directory (the
+        # connection file holds the secret) with ours, nobody else will.
         shm.deactivate()
-        if not launch.pid_alive(parent_pid):
-            # The kernel died: take its shared memory and its group's directory (the
-            # connection file holds the secret) with ours, nobody else will. (When only
-            # the launcher is gone, the kernel sees this worker end and cleans up.)
-            shm.remove_segments_of(parent_pid)
-            if init_method.startswith("file://"):
-                shutil.rmtree(os.path.dirname(init_method[len("file://"):]), ignore_errors=True)
+        shm.remove_segments_of(parent_pid)
+        if init_method.startswith("file://"):
+            shutil.rmtree(os.path.dirname(init_method[len("file://"):]), ignore_errors=True)
         os._exit(3)
 
 

@@ -169,3 +169,43 @@ def test_a_launcher_that_cannot_start_says_why_at_once(kernel, tmp_path):
     kernel.execute("%rpc_init --workers 1")
     assert kernel.execute("%%remote worker1 --fetch\n1 + 1").text == "2"
     kernel.execute("%rpc_shutdown")
+
+
+def test_a_killed_or_replaced_launcher_leaves_the_group_alone(kernel):
+    """The launcher is a helper: killing it (by hand, the OOM killer) or a changed
+    load-time variable that replaces it does not take the running workers with it, and
+    the next start gets a fresh launcher."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2")
+    first = launcher_pid(kernel)
+    before = worker_pids(kernel)
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not pid_alive(first))
+    time.sleep(1.5)  # longer than a worker's watch interval
+    assert all(pid_alive(before[n]) for n in ("worker1", "worker2"))
+    assert kernel.execute("%%remote --all --fetch\n6 * 7").text == \
+        "{'worker1': 42, 'worker2': 42}"
+    kernel.execute("%rpc_init --add 1")  # a fresh launcher forks worker3
+    second = launcher_pid(kernel)
+    assert second != first
+    assert ppid(worker_pids(kernel)["worker3"]) == second
+    # a load-time variable changed: the next start replaces the launcher, the group stays
+    kernel.execute("import os\nos.environ['OMP_NUM_THREADS'] = '1'")
+    kernel.execute("%rpc_init --add 1")
+    third = launcher_pid(kernel)
+    assert third != second and not pid_alive(second)
+    assert kernel.execute("%%remote --all --fetch\n6 * 7").text == \
+        "{'worker1': 42, 'worker2': 42, 'worker3': 42, 'worker4': 42}"
+    # a worker forked by a launcher that is gone is still seen to die, and is named
+    def worker1_row() -> str:
+        return next(row for row in kernel.execute("%rpc_workers").text.splitlines()
+                    if "worker1" in row)
+
+    assert " yes " in worker1_row()  # the alive column
+    os.kill(before["worker1"], signal.SIGKILL)
+    assert wait_until(lambda: " yes " not in worker1_row(), timeout=5)
+    out = kernel.execute("%%remote worker1\n1", allow_error=True)
+    assert "Worker 'worker1' died" in out.traceback
+    assert kernel.execute("%%remote worker2 --fetch\n6 * 7").text == "42"
+    kernel.execute("%rpc_shutdown")
+    assert wait_until(lambda: not pid_alive(before["worker2"]))
