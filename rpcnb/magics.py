@@ -173,7 +173,12 @@ class RpcMagics(Magics):
             return self._add(args)
         if (args.workers or 0) > 0 and not (args.join or args.engines or args.attach):
             # the workers' launcher imports torch while this kernel does (rpcnb.session
-            # imports it); a start that fails before it forked a worker stops it again
+            # imports it); a start that fails before it forked a worker stops it again;
+            # a missing extra starts nothing
+            try:
+                options.ucx_option(args.ucx)
+            except errors.RpcnbError as exc:
+                raise UsageError(str(exc)) from None
             launch.warm_up()
             try:
                 return self._start_or_join(args)

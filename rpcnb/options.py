@@ -5,6 +5,8 @@ the ``TensorPipeRpcBackendOptions`` built from them.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -268,3 +270,23 @@ def auto_device_maps(devices: dict[str, list[str]]) -> dict[str, dict[str, dict[
             if peer != me and common:
                 maps.setdefault(me, {})[peer] = {d: d for d in common}
     return maps
+
+
+UCX_ENV = "RPCNB_UCX"
+
+
+def ucx_option(flag: bool | None = None, check: bool = True) -> bool:
+    """The UCX path's option (``rpcnb.ucx``): ``flag`` when given, else whether
+    ``RPCNB_UCX`` asks for it; with ``check``, RpcnbError with UCX_MISSING when it is on
+    and ucxx is not installed (imports nothing: the kernel asks before it starts
+    anything, the warm launcher included)."""
+    on = bool(flag) if flag is not None else (
+        os.environ.get(UCX_ENV, "").lower() in ("1", "true", "yes", "on"))
+    if on and check:
+        try:
+            found = importlib.util.find_spec("ucxx") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise errors.RpcnbError(errors.UCX_MISSING)
+    return on

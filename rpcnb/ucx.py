@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import itertools
 import mmap
 import os
@@ -36,9 +35,9 @@ import time
 import weakref
 from typing import Any
 
-from rpcnb import errors, shm, state, telemetry
+from rpcnb import errors, options, shm, state, telemetry
 
-ENV = "RPCNB_UCX"
+ENV = options.UCX_ENV
 DEFAULT_THRESHOLD = 1 << 20  # 1 MB
 DEFAULT_POOL_BYTES = 1 << 30  # receive buffers kept for reuse, at most
 PULL = "ucx_pull"
@@ -69,35 +68,20 @@ _stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "faile
 
 def requested(flag: bool | None = None) -> bool:
     """``flag`` when given, else whether ``RPCNB_UCX`` asks for the path."""
-    if flag is not None:
-        return bool(flag)
-    return os.environ.get(ENV, "").lower() in ("1", "true", "yes", "on")
+    return options.ucx_option(flag, check=False)
 
 
 def option(flag: bool | None = None) -> bool:
     """The group's ``ucx`` option (``requested``), checked: RpcnbError with UCX_MISSING
     when it is on and ucxx is not installed, before anything starts."""
-    on = requested(flag)
-    if on:
-        check_installed()
-    return on
-
-
-def check_installed() -> None:
-    """RpcnbError with UCX_MISSING when ucxx cannot be found (imports nothing)."""
-    try:
-        found = importlib.util.find_spec("ucxx") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise errors.RpcnbError(errors.UCX_MISSING)
+    return options.ucx_option(flag)
 
 
 def _load() -> None:
     global _api, _array
     if _api is not None:
         return
-    check_installed()
+    options.ucx_option(True)  # UCX_MISSING when ucxx is not installed
     # ucxx asks UCX to stage rendezvous fragments in CUDA memory, which a machine without a
     # GPU does not have (TCP then runs at a quarter of its speed); UCX also warns about
     # variables it does not know, such as the one ucxx sets for CUDA.
