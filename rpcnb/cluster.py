@@ -235,7 +235,8 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
         names = {eid: f"worker{eid + 1}" for eid in ids}
         options = {"threads": int(s.options.get("threads", 16)),
                    "timeout": float(s.options.get("timeout", 60.0)),
-                   "shm": bool(s.options.get("shm", True))}
+                   "shm": bool(s.options.get("shm", True)),
+                   "zero_copy": bool(s.options.get("zero_copy", True))}
         # --interface names this host's interface; an engine elsewhere finds its own,
         # the one that reaches the group's address
         interface = {eid: None if eid in elsewhere else init_kwargs.get("interface")
@@ -322,6 +323,7 @@ def _join_engine(address: str, name: str, secret: str, options: dict[str, Any],
 
     group = engine_session.join(address, name, token=secret, threads=options["threads"],
                                 timeout=options["timeout"], shm=options["shm"],
-                                interface=interface, kind="engine")
+                                interface=interface, kind="engine",
+                                zero_copy=options.get("zero_copy", True))
     me = next(m for m in group.members if m.name == name)
     return {"name": name, "pid": me.pid, "host": me.host, "address": me.address}

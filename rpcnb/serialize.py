@@ -17,6 +17,7 @@ installs both as soon as the user's code imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -29,7 +30,7 @@ import time
 import types
 from typing import Any
 
-from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry
+from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry, zerocopy
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -45,7 +46,9 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
 
     f = io.BytesIO()
     p = _pickler_class()(f, _dispatch_table(obj))
-    with _torch.send_tables() as tensors:
+    # a remote cell's result whose call said zero_copy=False (cells.runner.CellResult)
+    copy = zerocopy.copying() if getattr(obj, "copy_tensors", False) else contextlib.nullcontext()
+    with _torch.send_tables() as tensors, copy:
         try:
             p.dump(obj)
         except Exception as exc:
@@ -127,7 +130,12 @@ def _kind(obj: Any) -> str:
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
-    """Large CPU tensors to a same-host peer take rpcnb's shared-memory path."""
+    """A CPU tensor already in shared memory goes by handle to a same-host peer
+    (``rpcnb.zerocopy``); other large CPU tensors take rpcnb's shared-memory path."""
+    if tensor.is_shared() and tensor.device.type == "cpu":
+        shared = zerocopy.export(tensor)
+        if shared is not None:
+            return shared
     if shm.wants(tensor):
         start, t0 = telemetry.now(), time.perf_counter()
         reduced = shm.export(tensor)
@@ -237,13 +245,15 @@ def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any) -> Any:
         op = str(args[index])  # rpcnb's own request: named by its operation
     else:
         op = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
-    with telemetry.sending(peer):
+    with telemetry.sending(peer), zerocopy.collecting() as shared:
         result = send()
     is_rref = not hasattr(result, "add_done_callback")
     try:
         fut = _rref_future(result) if is_rref else result
     except Exception:
         return result
+    if shared:  # the receiver has mapped them once the call completes
+        fut.add_done_callback(lambda _f: zerocopy.release(shared))
     telemetry.watch(fut, peer, ("remote:" if is_rref else "") + op,
                     telemetry.tensor_bytes(args, kwargs))
     return result

@@ -111,10 +111,26 @@ def activate(group: str, on_full: Any = None) -> None:
     threading.Thread(target=_trimmer, args=(group,), name="rpcnb-shm-trim", daemon=True).start()
 
 
+_trim_hooks: list[Any] = []  # also called by the trimmer, every second (rpcnb.zerocopy)
+_leave_hooks: list[Any] = []  # also called when this process leaves its group
+
+
+def on_trim(hook: Any) -> None:
+    """Call ``hook()`` every second while this process is in a single-host group."""
+    _trim_hooks.append(hook)
+
+
+def on_deactivate(hook: Any) -> None:
+    """Call ``hook()`` when this process leaves its group."""
+    _leave_hooks.append(hook)
+
+
 def _trimmer(group: str) -> None:
     while _group == group:
         time.sleep(1.0)
         trim(_idle)
+        for hook in _trim_hooks:
+            hook()
 
 
 def trim(idle: float) -> int:
@@ -183,6 +199,8 @@ def deactivate() -> None:
         _pool.clear()
         _pool_bytes = 0
         _peer_maps.clear()
+    for hook in _leave_hooks:
+        hook()
 
 
 def _no_room(nbytes: int, free: int) -> None:
@@ -220,9 +238,15 @@ def suppressed() -> Iterator[None]:
         _local.off = old
 
 
+def open_here() -> bool:
+    """May this thread send through rpcnb's shared memory now: on, in a single-host group,
+    not inside ``suppressed()``."""
+    return _enabled and _group is not None and not getattr(_local, "off", False)
+
+
 def wants(tensor: Any) -> bool:
     """Should this tensor take the shared-memory path?"""
-    if not _enabled or _group is None or getattr(_local, "off", False):
+    if not open_here():
         return False
     import torch
 
@@ -353,13 +377,30 @@ def _rebuild(name: str, total: int, dtype: str, shape: tuple[int, ...]) -> Any:
 
 
 def remove_segments_of(pid: int, group: str | None = None) -> int:
-    """Unlink every buffer a (dead) process left in /dev/shm; returns how many."""
+    """Unlink every buffer a (dead) process left in /dev/shm; returns how many. Once it
+    has exited, that includes the files torch.multiprocessing's file-system strategy made
+    for it (``torch_<pid>_*``): its torch_shm_manager, which would unlink them, is
+    stopped with it. Processes that mapped them keep their pages."""
     pattern = f"rpcnb-{group or '*'}-{pid}-*"
     found = glob.glob(os.path.join(SHM_DIR, pattern))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        found += [path for path in glob.glob(os.path.join(SHM_DIR, f"torch_{pid}_*"))
+                  if _owned(path)]
+    except PermissionError:
+        pass
     for path in found:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return len(found)
+
+
+def _owned(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def leftovers(group: str | None = None) -> list[str]:

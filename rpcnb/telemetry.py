@@ -27,7 +27,7 @@ class Record:
     duration: float  # seconds
     nbytes: int = 0  # tensor bytes sent
     ok: bool = True
-    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), or "rpcnb_shm"
+    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), "rpcnb_shm", "zero_copy"
 
 
 _lock = threading.Lock()
@@ -183,16 +183,24 @@ MONITOR_OPS = ("peer_stats", "facts")
 
 def traffic_stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
     """Calls, p50 latency and bandwidth of ``recs`` (plain records), without the
-    monitor's own calls."""
+    monitor's own calls; ``paths``: the tensors that took one of rpcnb's own paths
+    (``rpcnb_shm``, ``zero_copy``), as ``{path: {"tensors": n, "bytes": b}}``."""
     calls = [r for r in recs if r["op"] not in MONITOR_OPS]
     if not calls:
-        return {"calls": 0, "p50_ms": None, "bytes_per_s": None}
+        return {"calls": 0, "p50_ms": None, "bytes_per_s": None, "paths": {}}
+    paths: dict[str, dict[str, int]] = {}
+    for r in calls:
+        if r["channel"]:
+            path = paths.setdefault(r["channel"], {"tensors": 0, "bytes": 0})
+            path["tensors"] += 1
+            path["bytes"] += r["nbytes"]
     moved = [r for r in calls if r["nbytes"] and r["duration"] > 0]
     busy = sum(r["duration"] for r in moved)
     return {
         "calls": len(calls),
         "p50_ms": statistics.median(r["duration"] for r in calls) * 1e3,
         "bytes_per_s": sum(r["nbytes"] for r in moved) / busy if busy > 0 else None,
+        "paths": paths,
     }
 
 

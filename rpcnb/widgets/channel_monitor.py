@@ -33,7 +33,8 @@ class ChannelMonitor(anywidget.AnyWidget):
 
     me = traitlets.Unicode("").tag(sync=True)
     members = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    # "src->dst": {transport, channel, reason, calls, p50_ms, bytes_per_s}
+    # "src->dst": {transport, channel, reason, calls, p50_ms, bytes_per_s, paths}
+    # (paths: tensors that took rpcnb's own paths, {"rpcnb_shm"|"zero_copy": {tensors, bytes}})
     matrix = traitlets.Dict().tag(sync=True)
     series = traitlets.Dict().tag(sync=True)  # peer -> [[t (s, epoch), ms], ...]
     curve = traitlets.Dict().tag(sync=True)  # peer -> [[nbytes, ms, bytes/s, path], ...]
@@ -153,7 +154,8 @@ class ChannelMonitor(anywidget.AnyWidget):
                     "devices": {pair: c.name for pair, c in pred.channels.items()} if pred else {},
                 }
                 source = mine if a == s.name else self._remote.get(a, {})
-                cell.update(source.get(b) or {"calls": 0, "p50_ms": None, "bytes_per_s": None})
+                cell.update(source.get(b) or {"calls": 0, "p50_ms": None, "bytes_per_s": None,
+                                             "paths": {}})
                 matrix[key] = cell
         series: dict[str, list[list[float]]] = {}
         curve: dict[str, list[list[Any]]] = {}
