@@ -30,7 +30,7 @@ SIZES_FULL = sorted(set(SIZES_FULL + [100 << 20]))  # and the targets' 100 MB
 SIZES_QUICK = [4 * KB, 256 * KB, 4 << 20]
 PATHS = ["tensorpipe", "rpcnb shm", "zero-copy", "memcpy"]
 INIT_WORKERS_FULL = [1, 2, 4, 8]
-INIT_WORKERS_QUICK = [1, 2]
+INIT_WORKERS_QUICK = [1]
 
 
 def reps_for(nbytes: int, quick: bool) -> int:
@@ -48,59 +48,60 @@ def one_way(sizes: list[int], quick: bool, warmup: int = 2) -> dict[str, Any]:
     (TensorPipe: rpcnb's paths off; rpcnb shm: the pool-buffer copy) and for a
     ``share_memory_()`` tensor (zero-copy), and ``dst.copy_(t)`` (memcpy), taking turns.
     Each path's counters say whether it really carried the sends."""
+    from rpcnb import shm
+
+    try:
+        return {"sizes": {str(nbytes): _one_size(nbytes, reps_for(nbytes, quick), warmup)
+                          for nbytes in sizes}}
+    finally:
+        shm.set_enabled(True)
+
+
+def _one_size(nbytes: int, reps: int, warmup: int) -> dict[str, Any]:
     import torch
     import torch.distributed.rpc as rpc
 
     from bench.targets import consume
     from rpcnb import shm, zerocopy
 
-    out: dict[str, Any] = {"sizes": {}}
     perf = time.perf_counter
-    for nbytes in sizes:
-        n = nbytes // 4
-        plain = torch.ones(n)
-        shared = torch.ones(n)
-        shared.share_memory_()
-        dst = torch.empty_like(plain)
-        dst.copy_(plain)
-        samples: dict[str, list[float]] = {p: [] for p in PATHS}
-        taken = {"rpcnb shm": 0, "zero-copy": 0}
+    n = nbytes // 4
+    plain = torch.ones(n)
+    shared = torch.ones(n)
+    shared.share_memory_()
+    dst = torch.empty_like(plain)
+    dst.copy_(plain)
+    samples: dict[str, list[float]] = {p: [] for p in PATHS}
+    taken = {"rpcnb shm": 0, "zero-copy": 0}
 
-        def once(path: str, record: bool) -> None:
-            if path == "memcpy":
-                t0 = perf()
-                dst.copy_(plain)
-                dt = perf() - t0
-            else:
-                shm.set_enabled(path != "tensorpipe")
-                t = shared if path == "zero-copy" else plain
-                before = (shm.stats()["sent"], zerocopy.stats()["sent"])
-                t0 = perf()
-                got = rpc.rpc_sync("worker1", consume, args=(t,))
-                dt = perf() - t0
-                assert got == n, got
-                if record and path == "rpcnb shm":
-                    taken[path] += shm.stats()["sent"] - before[0]
-                if record and path == "zero-copy":
-                    taken[path] += zerocopy.stats()["sent"] - before[1]
-            if record:
-                samples[path].append(dt)
+    def once(path: str, record: bool) -> None:
+        if path == "memcpy":
+            t0 = perf()
+            dst.copy_(plain)
+            dt = perf() - t0
+        else:
+            shm.set_enabled(path != "tensorpipe")
+            t = shared if path == "zero-copy" else plain
+            before = (shm.stats()["sent"], zerocopy.stats()["sent"])
+            t0 = perf()
+            got = rpc.rpc_sync("worker1", consume, args=(t,))
+            dt = perf() - t0
+            assert got == n, got
+            if record and path == "rpcnb shm":
+                taken[path] += shm.stats()["sent"] - before[0]
+            if record and path == "zero-copy":
+                taken[path] += zerocopy.stats()["sent"] - before[1]
+        if record:
+            samples[path].append(dt)
 
-        try:
-            for path in PATHS:
-                for _ in range(warmup):
-                    once(path, False)
-            for r in range(reps_for(nbytes, quick)):
-                order = PATHS[r % len(PATHS):] + PATHS[:r % len(PATHS)]
-                for path in order:
-                    once(path, True)
-        finally:
-            shm.set_enabled(True)
-        out["sizes"][str(nbytes)] = {"samples_ms": {p: [round(x * 1e3, 4) for x in v]
-                                                    for p, v in samples.items()},
-                                     "taken": taken}
-        del plain, shared, dst
-    return out
+    for path in PATHS:
+        for _ in range(warmup):
+            once(path, False)
+    for r in range(reps):
+        for path in PATHS[r % len(PATHS):] + PATHS[:r % len(PATHS)]:
+            once(path, True)
+    return {"samples_ms": {p: [round(x * 1e3, 4) for x in v] for p, v in samples.items()},
+            "taken": taken}
 
 
 # --------------------------------------------------------------------------- the runner
@@ -161,15 +162,18 @@ def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
                     rows[-1][col] += f" ({taken.get(path, 0)}/{n} took it)"
             if nbytes == 100 << 20:
                 r = med["tensorpipe"] / med["rpcnb shm"]
-                part.targets.append(target("100 MB not shared: rpcnb >= 8x tensorpipe", r, 8.0, r >= 8.0,
-                                           f"{r:.2f}x ({med['rpcnb shm']:.2f} vs {med['tensorpipe']:.2f} ms)"))
+                shown = f"{r:.2f}x ({med['rpcnb shm']:.2f} vs {med['tensorpipe']:.2f} ms)"
+                part.targets.append(target("100 MB not shared: rpcnb >= 8x tensorpipe", r, 8.0,
+                                           r >= 8.0, shown))
                 r = med["rpcnb shm"] / med["memcpy"]
-                part.targets.append(target("100 MB not shared: rpcnb <= 1.5x one memcpy", r, 1.5, r <= 1.5,
-                                           f"{r:.2f}x ({med['rpcnb shm']:.2f} vs {med['memcpy']:.2f} ms)"))
+                shown = f"{r:.2f}x ({med['rpcnb shm']:.2f} vs {med['memcpy']:.2f} ms)"
+                part.targets.append(target("100 MB not shared: rpcnb <= 1.5x one memcpy", r, 1.5,
+                                           r <= 1.5, shown))
             if nbytes in (100 << 20, 512 << 20):
                 z = med["zero-copy"]
+                shown = f"{z:.3f} ms ({taken.get('zero-copy', 0)}/{n} by handle)"
                 part.targets.append(target(f"{_size(nbytes)} share_memory_() tensor < 1 ms", z, 1.0,
-                                           z < 1.0, f"{z:.3f} ms ({taken.get('zero-copy', 0)}/{n} by handle)"))
+                                           z < 1.0, shown))
         part.tables.append(("One-way CPU tensor by path (medians; time = rpc_sync round trip of "
                             "consume(t), which answers t.numel())", rows))
         part.curves.append(Curve("oneway", "One-way CPU tensor to a worker on this host",

@@ -120,7 +120,7 @@ def render(doc: dict[str, Any], figures: Path, link: str) -> str:
     from bench.run import report as run_report
 
     table, targets = run_report(doc.get("results", {}), doc.get("config", {}))
-    out = [machine_line(doc), "", "```", table, "```"]
+    out = [machine_line(doc)] + (["", "```", table, "```"] if table.strip() else [])
     every = list(targets)
     for part in parts(doc):
         out += ["", f"### {part.title}", ""]

@@ -21,7 +21,6 @@ from rpcnb.state import ALL, Group
 
 if TYPE_CHECKING:
     from rpcnb.cluster import attach
-    from rpcnb.zerocopy import copying
     from rpcnb.session import (
         add_workers,
         group,
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
         run_bg,
         shutdown,
     )
+    from rpcnb.zerocopy import copying
 
 __version__ = "0.1.0"
 __all__ = [

@@ -160,7 +160,8 @@ def _rebuild(where: tuple[Any, ...], dtype: str, offset: int, shape: tuple[int, 
         try:
             local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
         except OSError as exc:
-            raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(where=f"process {pid}", reason=exc)) from None
+            raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
+                where=f"process {pid}", reason=exc)) from None
         try:
             if os.fstat(local).st_ino != ino:
                 raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
