@@ -372,7 +372,7 @@ def shared_storage_handle(tensor: Any) -> tuple[Any, ...] | None:
 def storage_from_fd(fd: int, size: int) -> Any:
     """A storage over the shared memory behind ``fd`` (dup'ed; the caller closes ``fd``);
     itself shared, so it can be sent on by handle."""
-    return torch.UntypedStorage._new_shared_fd_cpu(fd, size)
+    return torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
 
 
 def storage_from_name(manager: bytes, name: bytes, size: int) -> Any:
