@@ -171,7 +171,10 @@ def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
                                            r <= 1.5, shown))
             if nbytes in (100 << 20, 512 << 20):
                 z = med["zero-copy"]
-                shown = f"{z:.3f} ms ({taken.get('zero-copy', 0)}/{n} by handle)"
+                smallest = one[min(one, key=int)]["samples_ms"]["tensorpipe"]
+                floor = f"; {_size(int(min(one, key=int)))} round trip {_median(smallest):.3f} ms" \
+                    if smallest else ""
+                shown = f"{z:.3f} ms ({taken.get('zero-copy', 0)}/{n} by handle{floor})"
                 part.targets.append(target(f"{_size(nbytes)} share_memory_() tensor < 1 ms", z, 1.0,
                                            z < 1.0, shown))
         part.tables.append(("One-way CPU tensor by path (medians; time = rpc_sync round trip of "
