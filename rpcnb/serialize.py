@@ -132,7 +132,7 @@ def _kind(obj: Any) -> str:
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
     """A CPU tensor already in shared memory goes by handle to a same-host peer
     (``rpcnb.zerocopy``); other large CPU tensors take rpcnb's shared-memory path."""
-    if tensor.is_shared() and tensor.device.type == "cpu":
+    if tensor.device.type == "cpu":
         shared = zerocopy.export(tensor)
         if shared is not None:
             return shared

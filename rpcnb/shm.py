@@ -7,7 +7,9 @@ process's pool, and only the buffer's name travels. The receiver maps the buffer
 wraps it as a tensor without copying. The buffer goes back to the sender's pool when the
 receiving tensor (and every view of it) is freed, so copy semantics hold: the sender
 never writes into a buffer a receiver still sees, and the receiver's writes never reach
-the sender's tensor.
+the sender's tensor. A receiver that sends such a tensor on hands over the same buffer
+(``rpcnb.zerocopy``, ``map_forwarded``): each further holder sets its byte (1 + its rank)
+in the header, and the buffer is free only when the whole header is zero.
 
 Tensors that need autograd, CUDA tensors, small tensors and other hosts keep TensorPipe's
 path. ``RPCNB_SHM=0`` (or ``%rpc_init --no-shm``) turns the path off.
@@ -73,6 +75,12 @@ class _Segment:
     @property
     def state(self) -> int:
         return self.mm[0]
+
+    @property
+    def free(self) -> bool:
+        """No receiver holds it: neither the first one (byte 0) nor a member it was sent
+        on to by handle (byte 1 + that member's rank, ``map_forwarded``)."""
+        return self.mm.find(b"\x01", 0, HEADER) < 0
 
 
 _pool: list[_Segment] = []
@@ -141,7 +149,7 @@ def trim(idle: float) -> int:
     freed = 0
     with _lock:
         for seg in list(_pool):
-            if seg.state == FREE and now - seg.used > idle:
+            if seg.free and now - seg.used > idle:
                 _pool.remove(seg)
                 _pool_bytes -= seg.size
                 freed += seg.size
@@ -223,7 +231,7 @@ def stats() -> dict[str, int]:
     """Counts: tensors sent and received this way, fallbacks, pool size, in flight."""
     with _lock:
         return dict(_stats, pool_bytes=_pool_bytes, buffers=len(_pool),
-                    in_flight=sum(seg.state == IN_FLIGHT for seg in _pool),
+                    in_flight=sum(not seg.free for seg in _pool),
                     mapped_bytes=sum(len(mm) for mm, _ in _peer_maps.values()))
 
 
@@ -298,7 +306,7 @@ def _acquire(nbytes: int) -> _Segment | None:
     with _lock:
         best = None
         for seg in _pool:
-            if seg.state == FREE and nbytes <= seg.size <= 2 * nbytes:
+            if seg.free and nbytes <= seg.size <= 2 * nbytes:
                 if best is None or seg.size < best.size:
                     best = seg
         if best is None:
@@ -354,9 +362,64 @@ def _peer_map(name: str, total: int) -> mmap.mmap:
         return mm
 
 
-def _release(mm: mmap.mmap) -> None:
+# Tensors here over peers' buffers, by their storage's address: (buffer name, mapping
+# size). rpcnb.zerocopy sends such a tensor on by handle instead of copying it again.
+_origins: dict[int, tuple[str, int]] = {}
+_forwarded: dict[str, int] = {}  # buffer name -> tensors here that hold it by a slot
+
+
+def _release(mm: mmap.mmap, ptr: int = 0) -> None:
+    with _lock:
+        _origins.pop(ptr, None)
     with contextlib.suppress(ValueError):  # already closed
         mm[0] = FREE
+
+
+def origin_of(tensor: Any) -> tuple[str, int, int] | None:
+    """(buffer name, mapping size, storage bytes) when ``tensor``'s storage is a peer's
+    pool buffer mapped here; None otherwise."""
+    storage = tensor.untyped_storage()
+    with _lock:
+        found = _origins.get(storage.data_ptr())
+    return None if found is None else (found[0], found[1], storage.nbytes())
+
+
+SLOTS = HEADER - 1  # members of rank 0 .. SLOTS-1 can hold a buffer sent on by handle
+
+
+def map_forwarded(name: str, total: int, nbytes: int, slot: int) -> Any:
+    """A storage over a peer's pool buffer that another member sent on by handle: this
+    process's byte in the header (``1 + slot``, its rank) says it holds the buffer, so its
+    creator does not reuse it until every tensor here over it is freed."""
+    import torch
+
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"rank {slot} has no slot in a shared-memory buffer's header")
+    mm = _peer_map(name, total)
+    with _lock:
+        _forwarded[name] = _forwarded.get(name, 0) + 1
+        mm[1 + slot] = 1
+    view = memoryview(mm)[HEADER:HEADER + nbytes]
+    raw = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
+    ptr = raw.untyped_storage().data_ptr()
+    with _lock:
+        _origins[ptr] = (name, total)
+    weakref.finalize(view, _unhold, name, mm, slot, ptr)
+    del view
+    _count("received")
+    return raw.untyped_storage()
+
+
+def _unhold(name: str, mm: mmap.mmap, slot: int, ptr: int) -> None:
+    with _lock:
+        _origins.pop(ptr, None)
+        left = _forwarded.get(name, 0) - 1
+        if left > 0:
+            _forwarded[name] = left
+            return
+        _forwarded.pop(name, None)
+        with contextlib.suppress(ValueError):
+            mm[1 + slot] = 0
 
 
 def _rebuild(name: str, total: int, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -369,8 +432,11 @@ def _rebuild(name: str, total: int, dtype: str, shape: tuple[int, ...]) -> Any:
         count *= dim
     torch_dtype = getattr(torch, dtype.replace("torch.", ""))
     view = memoryview(mm)[HEADER:HEADER + count * torch_dtype.itemsize]
-    weakref.finalize(view, _release, mm)
     tensor = torch.frombuffer(view, dtype=torch_dtype, count=count).view(shape)
+    ptr = tensor.untyped_storage().data_ptr()
+    with _lock:
+        _origins[ptr] = (name, total)
+    weakref.finalize(view, _release, mm, ptr)
     del view  # only the tensor's storage holds it now
     _count("received")
     return tensor

@@ -4,7 +4,11 @@ host: sent by handle, and the receiver maps the same pages.
 A tensor whose storage torch keeps in shared memory (``share_memory_()``, a tensor that
 came through a ``torch.multiprocessing`` queue, or one that arrived here this way) is not
 copied: only a handle travels (the sender's pid and the storage's file descriptor, or the
-file-system strategy's name), and the receiver builds a tensor over the same pages. This
+file-system strategy's name), and the receiver builds a tensor over the same pages. So is
+a tensor over another member's pool buffer (one that arrived by ``rpcnb.shm``'s copy
+path) when it is sent on: the receiver maps the buffer too and takes its slot in the
+buffer's header (``shm.map_forwarded``), so the buffer's creator reuses it only when
+every holder has let go. This
 has **sharing semantics**, as ``torch.multiprocessing``'s queues do: a write on either
 side is seen by the other, for as long as both hold the tensor (docs/channels.md, "The
 shared-memory paths"). Every other large CPU tensor keeps copy semantics (``rpcnb.shm``).
@@ -125,15 +129,20 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     from rpcnb import _torch
 
     start, t0 = telemetry.now(), time.perf_counter()
-    handle = _torch.shared_storage_handle(tensor)
+    handle = _torch.shared_storage_handle(tensor) if tensor.is_shared() else None
     if handle is None:
-        return None
-    storage = tensor.untyped_storage()
-    if handle[0] == "fd":
+        # a tensor over a peer's pool buffer (it arrived by rpcnb_shm, or so): the buffer's
+        # name; the receiver takes a slot in its header, so its creator keeps it
+        origin = shm.origin_of(tensor)
+        if origin is None:
+            return None
+        where: tuple[Any, ...] = ("pool", *origin)
+    elif handle[0] == "fd":
         ino = os.fstat(handle[1]).st_ino
-        where: tuple[Any, ...] = ("fd", os.getpid(), handle[1], ino, handle[2])
+        where = ("fd", os.getpid(), handle[1], ino, handle[2])
     else:
         where = handle
+    storage = tensor.untyped_storage()
     key = next(_keys)
     pending = getattr(_local, "pending", None)
     with _lock:
@@ -155,7 +164,15 @@ def _rebuild(where: tuple[Any, ...], dtype: str, offset: int, shape: tuple[int, 
 
     from rpcnb import _torch
 
-    if where[0] == "fd":
+    if where[0] == "pool":
+        _, name, total, nbytes = where
+        s = state.active()
+        try:
+            storage = shm.map_forwarded(name, total, nbytes, s.rank if s is not None else -1)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
+                where=f"buffer {name}", reason=exc)) from None
+    elif where[0] == "fd":
         _, pid, fd, ino, size = where
         try:
             local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import time
 
 import cloudpickle
 import pytest
@@ -51,6 +52,19 @@ def forward_kept(to):
     import torch.distributed.rpc as rpc
 
     return rpc.rpc_sync(to, keep, args=(ns()["kept"],))
+
+
+def forward_kept_copying(to):
+    import torch.distributed.rpc as rpc
+
+    import rpcnb
+
+    with rpcnb.copying():
+        return rpc.rpc_sync(to, keep, args=(ns()["kept"],))
+
+
+def echo(t):
+    return t
 
 
 def drop_kept():
@@ -171,6 +185,44 @@ def test_a_workers_shared_tensor_comes_back_by_handle(api_group):
     copied = rpcnb.run("worker2", "w", fetch=True, zero_copy=False)
     copied.fill_(9.0)
     assert rpcnb.run("worker2", "w.sum().item()", fetch=True) == MB
+
+
+def test_a_pool_buffer_is_sent_on_by_handle(api_group):
+    t = torch.ones(MB)  # not shared: worker1 gets a copy in our pool buffer (rpcnb_shm)
+    assert rpc.rpc_sync("worker1", keep, args=(t,)) == MB
+    w1_before = rpc.rpc_sync("worker1", counters)
+    # worker1 sends it on: by handle to the same buffer, not copied into its own pool
+    assert rpc.rpc_sync("worker1", forward_kept, args=("worker2",)) == MB
+    w1 = rpc.rpc_sync("worker1", counters)
+    assert w1["zero_copy"]["sent"] == w1_before["zero_copy"]["sent"] + 1
+    assert w1["shm"]["sent"] == w1_before["shm"]["sent"]
+    # the two receivers share it; we, who made the copy, do not
+    rpc.rpc_sync("worker2", bump_kept)
+    assert rpc.rpc_sync("worker1", kept_sum) == 101.0 * MB
+    assert t.sum().item() == MB
+    # the buffer is ours to reuse only when both have let go
+    rpc.rpc_sync("worker1", drop_kept)
+    time.sleep(0.3)
+    assert shm.stats()["in_flight"] == 1
+    t.fill_(7.0)
+    assert rpc.rpc_sync("worker2", kept_sum) == 101.0 * MB  # our writes never reach it
+    rpc.rpc_sync("worker2", drop_kept)
+    assert wait_until(lambda: shm.stats()["in_flight"] == 0)
+    # and an echo of our tensor comes back over our own buffer, by handle (worker1 holds
+    # what it sent in a reply for RPCNB_ZERO_COPY_HOLD_S, so the buffer stays in flight)
+    received = zerocopy.stats()["received"]
+    back = rpc.rpc_sync("worker1", echo, args=(t,))
+    assert torch.equal(back, t) and shm.stats()["in_flight"] == 1
+    assert zerocopy.stats()["received"] == received + 1
+    del back
+    # with copying(), worker1 copies it into its own pool instead
+    rpc.rpc_sync("worker1", keep, args=(t,))
+    rpc.rpc_sync("worker1", forward_kept_copying, args=("worker2",))
+    assert rpc.rpc_sync("worker1", counters)["shm"]["sent"] == w1["shm"]["sent"] + 1
+    rpc.rpc_sync("worker2", bump_kept)
+    assert rpc.rpc_sync("worker1", kept_sum) == 7.0 * MB
+    for w in ("worker1", "worker2"):
+        rpc.rpc_sync(w, drop_kept)
 
 
 def test_opt_out_per_call_and_per_block_copies(api_group):
