@@ -384,13 +384,36 @@ def origin_of(tensor: Any) -> tuple[str, int, int] | None:
     return None if found is None else (found[0], found[1], storage.nbytes())
 
 
-SLOTS = HEADER - 1  # members of rank 0 .. SLOTS-1 can hold a buffer sent on by handle
+# The header's bytes: 0 the first receiver's; 1 + rank a member holding the buffer sent on
+# to it; from TOKENS_AT, TOKENS per rank: that member's sends of it still in transit.
+TOKENS_AT = 2048
+TOKENS = 4
+SLOTS = TOKENS_AT - 1  # members of rank 0 .. SLOTS-1 can hold a buffer sent on by handle
 
 
-def map_forwarded(name: str, total: int, nbytes: int, slot: int) -> Any:
+def in_transit(name: str, total: int, rank: int) -> int | None:
+    """Mark a peer's buffer (mapped here) as being sent on by the member of ``rank``; the
+    header byte to pass to the receiver, which clears it once it holds the buffer. None
+    when this member has ``TOKENS`` sends of it in transit already (then copy it)."""
+    if not 0 <= rank < (HEADER - TOKENS_AT) // TOKENS:
+        return None
+    with _lock:
+        known = _peer_maps.get(name)
+        if known is None or known[0].closed:
+            return None
+        mm = known[0]
+        for pos in range(TOKENS_AT + rank * TOKENS, TOKENS_AT + (rank + 1) * TOKENS):
+            if mm[pos] == 0:  # only this member sets its bytes; receivers clear them
+                mm[pos] = 1
+                return pos
+    return None
+
+
+def map_forwarded(name: str, total: int, nbytes: int, slot: int, token: int) -> Any:
     """A storage over a peer's pool buffer that another member sent on by handle: this
     process's byte in the header (``1 + slot``, its rank) says it holds the buffer, so its
-    creator does not reuse it until every tensor here over it is freed."""
+    creator does not reuse it until every tensor here over it is freed; then the sender's
+    in-transit byte ``token`` is cleared."""
     import torch
 
     if not 0 <= slot < SLOTS:
@@ -399,6 +422,7 @@ def map_forwarded(name: str, total: int, nbytes: int, slot: int) -> Any:
     with _lock:
         _forwarded[name] = _forwarded.get(name, 0) + 1
         mm[1 + slot] = 1
+        mm[token] = 0
     view = memoryview(mm)[HEADER:HEADER + nbytes]
     raw = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
     ptr = raw.untyped_storage().data_ptr()

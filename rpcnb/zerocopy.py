@@ -8,7 +8,9 @@ file-system strategy's name), and the receiver builds a tensor over the same pag
 a tensor over another member's pool buffer (one that arrived by ``rpcnb.shm``'s copy
 path) when it is sent on: the receiver maps the buffer too and takes its slot in the
 buffer's header (``shm.map_forwarded``), so the buffer's creator reuses it only when
-every holder has let go. This
+every holder has let go. The sender marks the buffer in transit in the same header (a
+byte of its own, which the receiver clears once it holds the buffer), so nothing is held
+for a reply. This
 has **sharing semantics**, as ``torch.multiprocessing``'s queues do: a write on either
 side is seen by the other, for as long as both hold the tensor (docs/channels.md, "The
 shared-memory paths"). Every other large CPU tensor keeps copy semantics (``rpcnb.shm``).
@@ -134,21 +136,23 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
         # a tensor over a peer's pool buffer (it arrived by rpcnb_shm, or so): the buffer's
         # name; the receiver takes a slot in its header, so its creator keeps it
         origin = shm.origin_of(tensor)
-        if origin is None:
+        s = state.active()
+        token = None if origin is None or s is None else shm.in_transit(origin[0], origin[1], s.rank)
+        if origin is None or token is None:
             return None
-        where: tuple[Any, ...] = ("pool", *origin)
+        where: tuple[Any, ...] = ("pool", *origin, token)
     elif handle[0] == "fd":
         ino = os.fstat(handle[1]).st_ino
         where = ("fd", os.getpid(), handle[1], ino, handle[2])
     else:
         where = handle
-    storage = tensor.untyped_storage()
-    key = next(_keys)
-    pending = getattr(_local, "pending", None)
-    with _lock:
-        _held[key] = (storage, time.monotonic() + HOLD_S)
-    if pending is not None:
-        pending.append(key)
+    if where[0] != "pool":  # a pool buffer is kept by its in-transit byte instead
+        key = next(_keys)
+        pending = getattr(_local, "pending", None)
+        with _lock:
+            _held[key] = (tensor.untyped_storage(), time.monotonic() + HOLD_S)
+        if pending is not None:
+            pending.append(key)
     nbytes = tensor.element_size() * tensor.nelement()
     _count(sent=1, sent_bytes=nbytes)
     telemetry.record(telemetry.current_peer(), "tensor", start, time.perf_counter() - t0,
@@ -165,10 +169,11 @@ def _rebuild(where: tuple[Any, ...], dtype: str, offset: int, shape: tuple[int, 
     from rpcnb import _torch
 
     if where[0] == "pool":
-        _, name, total, nbytes = where
+        _, name, total, nbytes, token = where
         s = state.active()
         try:
-            storage = shm.map_forwarded(name, total, nbytes, s.rank if s is not None else -1)
+            storage = shm.map_forwarded(name, total, nbytes, s.rank if s is not None else -1,
+                                        token)
         except (OSError, ValueError) as exc:
             raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
                 where=f"buffer {name}", reason=exc)) from None

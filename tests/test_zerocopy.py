@@ -208,13 +208,19 @@ def test_a_pool_buffer_is_sent_on_by_handle(api_group):
     assert rpc.rpc_sync("worker2", kept_sum) == 101.0 * MB  # our writes never reach it
     rpc.rpc_sync("worker2", drop_kept)
     assert wait_until(lambda: shm.stats()["in_flight"] == 0)
-    # and an echo of our tensor comes back over our own buffer, by handle (worker1 holds
-    # what it sent in a reply for RPCNB_ZERO_COPY_HOLD_S, so the buffer stays in flight)
+    # and an echo of our tensor comes back over our own buffer, by handle, which is free
+    # again once the result is freed (an in-transit mark, not a hold, kept it meanwhile)
     received = zerocopy.stats()["received"]
     back = rpc.rpc_sync("worker1", echo, args=(t,))
     assert torch.equal(back, t) and shm.stats()["in_flight"] == 1
     assert zerocopy.stats()["received"] == received + 1
     del back
+    assert wait_until(lambda: shm.stats()["in_flight"] == 0)
+    buffers = shm.stats()["buffers"]
+    for _ in range(6):  # an echo loop reuses its buffers (worker1 frees its argument a
+        # moment after answering, so the next send may take a second one): no growth
+        assert rpc.rpc_sync("worker1", echo, args=(t,)).sum().item() == 7.0 * MB
+    assert shm.stats()["buffers"] <= buffers + 1
     # with copying(), worker1 copies it into its own pool instead
     rpc.rpc_sync("worker1", keep, args=(t,))
     rpc.rpc_sync("worker1", forward_kept_copying, args=("worker2",))
