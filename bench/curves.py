@@ -30,6 +30,7 @@ SIZES_FULL = sorted(set(SIZES_FULL + [100 << 20]))  # and the targets' 100 MB
 SIZES_QUICK = [4 * KB, 256 * KB, 4 << 20]
 PATHS = ["tensorpipe", "rpcnb shm", "zero-copy", "memcpy"]
 INIT_WORKERS_FULL = [1, 2, 4, 8]
+SETTLE_S = 0.05  # untimed pause before each one-way send
 INIT_WORKERS_QUICK = [1]
 
 
@@ -75,6 +76,9 @@ def _one_size(nbytes: int, reps: int, warmup: int) -> dict[str, Any]:
     taken = {"rpcnb shm": 0, "zero-copy": 0}
 
     def once(path: str, record: bool) -> None:
+        # every send starts with worker1 idle: a large TensorPipe send keeps the worker
+        # busy (freeing what it received) after its reply, which the next send would pay
+        time.sleep(SETTLE_S)
         if path == "memcpy":
             t0 = perf()
             dst.copy_(plain)
