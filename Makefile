@@ -112,12 +112,15 @@ clean:
 distclean: clean
 	rm -rf $(VENV) $(addprefix $(LABEXT)/,node_modules .yarn lib build tsconfig.tsbuildinfo)
 
-# Benchmarks (docs/benchmarks.md). `bench` is the full run (a few minutes; start it on an
-# otherwise idle machine) and writes bench/results/latest.json; `bench-quick` is a smoke
-# run of under a minute that writes bench/results/quick.json.
+# Benchmarks (docs/benchmarks.md). `bench` is the full run (several minutes; start it on an
+# otherwise idle machine): it writes bench/results/latest.json, then bench.report rewrites
+# the generated part of docs/benchmarks.md and its figures (docs/_static/bench/*.png) from
+# that JSON. `bench-quick` is a smoke run of about a minute that writes
+# bench/results/quick.json (and touches no docs).
 .PHONY: bench bench-quick
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.report bench/results/latest.json
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick --out bench/results/quick.json

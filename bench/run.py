@@ -31,6 +31,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,37 @@ from bench.in_kernel import MARK  # noqa: E402
 from bench.ucx import section as ucx_section  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
+
+# Bench modules that contribute a section, tables, curves and targets (bench.curves says
+# how); one not in this tree yet is skipped. --only names them by SECTION.
+MODULES = ["bench.curves", "bench.idle", "bench.startup"]
+
+
+@dataclass
+class Context:
+    """What a bench module's ``measure(ctx)`` gets: the settings and the helpers."""
+
+    quick: bool
+    rpc_args: str
+    cfg: dict[str, Any]
+    log: Callable[[str], None]
+    cell: Callable[..., Any]
+    new_kernel: Callable[[], Any]
+    close_kernel: Callable[[Any, list[str]], None]
+    children_of: Callable[[int], list[int]]
+
+
+def modules() -> list[Any]:
+    import importlib
+
+    found = []
+    for name in MODULES:
+        try:
+            found.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return found
 
 FULL = {
     "workers": 8,
@@ -501,13 +534,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and repeats: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
-    parser.add_argument("--only", default="1,2,3,4",
-                        help="comma list of benchmarks to run; 1 and 2 share a kernel (default all)")
+    parser.add_argument("--only", default=None,
+                        help="comma list of benchmarks to run: 1,2,3,4 and the modules' sections "
+                             "(curves, idle, ...); 1 and 2 share a kernel (default all)")
     parser.add_argument("--rpc-args", default="",
                         help="extra %%rpc_init flags for every rpcnb group, e.g. '--transports uv'")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    only = {p.strip() for p in args.only.split(",")}
+    extra = modules()
+    every = ["1", "2", "3", "4"] + [m.SECTION for m in extra]
+    only = {p.strip() for p in (args.only or ",".join(every)).split(",")}
     out_path = args.out or DEFAULT_OUT
 
     # Workers and engines start with this environment: they must import bench.targets.
@@ -524,8 +560,11 @@ def main(argv: list[str] | None = None) -> int:
         ("1,2", only & {"1", "2"}, lambda: run_roundtrip_kernel(cfg, results, args.rpc_args, only)),
         ("3", "3" in only, lambda: run_fanout_kernel(cfg, results, args.rpc_args)),
         ("4", "4" in only, lambda: run_startup(cfg, results, args.rpc_args)),
-        ("4b", "4" in only, lambda: __import__("bench.startup", fromlist=["x"]).section(cfg, results)),
     ]
+    ctx = Context(args.quick, args.rpc_args, cfg, log, cell, new_kernel, close_kernel, children_of)
+    for module in extra:
+        sections.append((module.SECTION, module.SECTION in only,
+                         lambda m=module: results.__setitem__(m.SECTION, m.measure(ctx))))
     interrupted: BaseException | None = None
     left: list[int] = []
     try:
@@ -550,6 +589,17 @@ def main(argv: list[str] | None = None) -> int:
     leftover_shm = sorted(set(glob.glob("/dev/shm/rpcnb-*")) - shm_before)
 
     table, targets = report(results, cfg)
+    from bench import report as generated  # the modules' parts, as the docs show them
+
+    more = []
+    for part in generated.parts({"results": results}):
+        for caption, rows in part.tables:
+            table += f"\n\n{caption}\n{generated.text_table(rows)}"
+        more += part.targets
+    if more:
+        table += "\n\n" + generated.text_table([["targets (issue 14)", "verdict", "measured"]] + [
+            [t["target"], t["verdict"], t["shown"]] for t in more])
+    targets += more
     header = (f"rpcnb benchmarks ({'quick' if args.quick else 'full'}) on {info['cpu_model']} x "
               f"{info['cpus_usable']} cpus, python {info['python']}, torch {info['torch']}, "
               f"ipyparallel {info['ipyparallel']}, {info['date']}, load {info['loadavg_start'][0]:.2f}"

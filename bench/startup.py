@@ -135,7 +135,10 @@ def time_warm(reps: int) -> dict[str, list[float]]:
         run.close_kernel(k, ["B.stop_rpcnb()"])
 
 
-def measure(repeats: int, warm: int, log: Any = None) -> dict[str, Any]:
+SECTION = "startup_cold_warm"  # a bench module of bench.run's (see bench.curves)
+
+
+def measure_runs(repeats: int, warm: int, log: Any = None) -> dict[str, Any]:
     """Every sample of the four ways, cold ones in turns."""
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     samples: dict[str, list[float]] = {"rpcnb cold": [], "script": [], "ipyparallel": []}
@@ -184,14 +187,26 @@ def table(measured: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def section(cfg: dict[str, Any], results: dict[str, Any]) -> list[tuple[str, list[float], float]]:
-    """``bench.run``'s entry: measure with its repeats, keep the samples in ``results``."""
-    run = _helpers()
-    reps = max(1, int(cfg.get("startup_reps", 3)))
-    measured = measure(reps, 5 if reps > 1 else 2, log=run.log)
-    results["startup_cold_warm"] = {**measured, "verdicts": verdicts(measured)}
-    run.log("\n" + table(measured))
-    return rows_of(measured)
+def measure(ctx: Any) -> dict[str, Any]:
+    """``bench.run``'s entry: measure with its repeats; the samples and verdicts."""
+    reps = max(1, int(ctx.cfg.get("startup_reps", 3)))
+    measured = measure_runs(reps, 5 if reps > 1 else 2, log=ctx.log)
+    ctx.log("\n" + table(measured))
+    return {**measured, "verdicts": verdicts(measured)}
+
+
+def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
+    from bench.report import Part, target
+
+    part = Part(title="Start-up: cold and warm")
+    rows = [["start-up to the first result, 2 workers", "median s", "samples (s)"]]
+    for name, samples, med in rows_of(section):
+        rows.append([name, f"{med:.2f}", " ".join(f"{x:.2f}" for x in samples)])
+    part.tables.append(("Cold: a fresh kernel (or script) to its first result; warm: "
+                        "%rpc_init --workers 2 after %rpc_shutdown", rows))
+    for v in section["verdicts"]:
+        part.targets.append(target(v["target"], None, None, v["ok"], v["shown"]))
+    return part
 
 
 def main(argv: list[str] | None = None) -> list[tuple[str, list[float], float]]:
@@ -207,7 +222,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, list[float], float]]:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     info = run.machine()
-    measured = measure(args.repeats, args.warm)
+    measured = measure_runs(args.repeats, args.warm)
     info["loadavg_end"] = list(os.getloadavg())
     text = table(measured)
     print(text)

@@ -8,6 +8,8 @@ torch is imported when a group starts. Every magic has a plain function here:
 ``shutdown`` (``%rpc_shutdown``).
 They are ``rpcnb.session``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
 makes the engines of a running ipyparallel cluster members (``rpcnb.cluster``).
+``with rpcnb.copying():`` copies tensors already in shared memory instead of sharing them
+by handle, for every call this thread makes inside the block (``rpcnb.zerocopy``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
         run_bg,
         shutdown,
     )
+    from rpcnb.zerocopy import copying
 
 __version__ = "0.1.0"
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "WorkerDiedError",
     "add_workers",
     "attach",
+    "copying",
     "group",
     "init",
     "interrupt",
@@ -76,6 +80,10 @@ def __getattr__(name: str) -> Any:
         from rpcnb.cluster import attach
 
         return attach
+    if name == "copying":  # rpcnb.zerocopy imports no torch
+        from rpcnb.zerocopy import copying
+
+        return copying
     raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
 
 

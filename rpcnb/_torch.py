@@ -338,3 +338,43 @@ def tensor_preview(tensor: Any) -> str:
 # The last line: rpcnb.serialize's import hook (which fires when torch is first imported)
 # must not use this module while it is still being imported (importing torch, say).
 LOADED = True
+
+
+# -- shared storages (torch 2.11, 2.13: torch/multiprocessing/reductions.py) --------------
+
+# A CPU storage in shared memory is one of torch.multiprocessing's two kinds: the
+# file-descriptor strategy's (a MapAllocator that keeps an fd of an unlinked /dev/shm
+# file) or the file-system strategy's (a managed allocator over a named /dev/shm file,
+# refcounted by torch_shm_manager). _get_shared_fd asks without changing anything; the
+# _share_*_ methods would move a storage of another kind into new shared memory, so each
+# is called only on a storage of its own kind.
+
+
+def shared_storage_handle(tensor: Any) -> tuple[Any, ...] | None:
+    """How another process on this host maps ``tensor``'s storage: ``("fd", fd, size)``,
+    ``("file", manager, name, size)``, or None when it is not in torch's shared memory
+    (or is a file mapped with ``torch.from_file``, which is not sent by handle)."""
+    storage = tensor.untyped_storage()
+    if storage.device.type != "cpu" or not storage.is_shared():
+        return None
+    try:
+        fd = storage._get_shared_fd()
+    except RuntimeError:  # not a MapAllocator: the file-system strategy's managed storage
+        if storage._get_filename() is not None:
+            return None
+        manager, name, size = storage._share_filename_cpu_()
+        return ("file", manager, name, int(size))
+    if fd < 0:  # torch.from_file(shared=True): a file of the user's, not shared memory
+        return None
+    return ("fd", int(fd), int(storage.nbytes()))
+
+
+def storage_from_fd(fd: int, size: int) -> Any:
+    """A storage over the shared memory behind ``fd`` (dup'ed; the caller closes ``fd``);
+    itself shared, so it can be sent on by handle."""
+    return torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
+
+
+def storage_from_name(manager: bytes, name: bytes, size: int) -> Any:
+    """A storage over the file-system strategy's shared memory ``name``."""
+    return torch.UntypedStorage._new_shared_filename_cpu(manager, name, size)

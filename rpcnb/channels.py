@@ -413,3 +413,16 @@ def describe(predictions: dict[tuple[str, str], PairPrediction]) -> str:
     transports = sorted({f"{p.transport.name}: {p.transport.reason.split(': ', 1)[-1]}"
                          for p in predictions.values()})
     return table + "\n\ntransport: " + "\n           ".join(transports)
+
+
+def describe_paths(stats: dict[str, dict[str, Any]]) -> str:
+    """The tensors this process sent by rpcnb's own paths, per peer (``stats``:
+    ``telemetry.peer_stats()``): ``rpcnb_shm`` copied through a shared-memory buffer,
+    ``zero_copy`` handed over by handle (shared pages). Empty when there were none."""
+    rows: list[tuple[str, ...]] = [("to", "path", "tensors", "MB")]
+    for peer, st in sorted(stats.items()):
+        for path, n in sorted((st.get("paths") or {}).items()):
+            rows.append((peer, path, str(n["tensors"]), f"{n['bytes'] / (1 << 20):.1f}"))
+    if len(rows) == 1:
+        return ""
+    return "tensors this process sent by rpcnb's own paths:\n" + text.table(rows)

@@ -236,7 +236,8 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
         options = {"threads": int(s.options.get("threads", 16)),
                    "timeout": float(s.options.get("timeout", 60.0)),
                    "shm": bool(s.options.get("shm", True)),
-                   "ucx": bool(s.options.get("ucx", False))}
+                   "ucx": bool(s.options.get("ucx", False)),
+                   "zero_copy": bool(s.options.get("zero_copy", True))}
         # --interface names this host's interface; an engine elsewhere finds its own,
         # the one that reaches the group's address
         interface = {eid: None if eid in elsewhere else init_kwargs.get("interface")
@@ -324,6 +325,6 @@ def _join_engine(address: str, name: str, secret: str, options: dict[str, Any],
     group = engine_session.join(address, name, token=secret, threads=options["threads"],
                                 timeout=options["timeout"], shm=options["shm"],
                                 ucx=options.get("ucx", False), interface=interface,
-                                kind="engine")
+                                kind="engine", zero_copy=options.get("zero_copy", True))
     me = next(m for m in group.members if m.name == name)
     return {"name": name, "pid": me.pid, "host": me.host, "address": me.address}

@@ -171,6 +171,11 @@ ENGINES_AND_WORKERS = (
 )
 NO_CLUSTER = "This group has no ipyparallel engines: start it with %rpc_init --engines N or --attach."
 LAUNCHER_NEEDS_ENGINES = "--launcher and --cluster-args go with --engines N."
+ZERO_COPY_UNREACHABLE = (
+    "A shared-memory tensor sent by handle ({where}) cannot be mapped here "
+    "({reason}): send a copy instead with rpcnb.run(..., zero_copy=False), %%remote --copy "
+    "or `with rpcnb.copying():`, or start the group with %rpc_init --no-zero-copy."
+)
 
 
 class RpcnbError(RuntimeError):

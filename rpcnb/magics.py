@@ -52,6 +52,9 @@ def _remote_args(func: Any) -> Any:
                  help="interrupt the cell after this many seconds"),
         argument("--bg", action="store_true",
                  help="return at once with a handle; the output keeps coming into this cell"),
+        argument("--copy", action="store_true",
+                 help="copy tensors already in shared memory (--push, --fetch) instead of "
+                      "sharing their pages with the receiver"),
     ]):
         func = deco(func)
     return func
@@ -150,6 +153,9 @@ class RpcMagics(Magics):
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
     @argument("--ucx", action="store_true", default=None,
               help="move large tensors over UCX (pip install 'rpcnb[ucx]'; also RPCNB_UCX=1)")
+    @argument("--no-zero-copy", action="store_true",
+              help="copy tensors already in shared memory too, instead of sending them by "
+                   "handle (which shares their pages with the receiver)")
     @argument("--add", type=int, default=None, metavar="N",
               help="in a running group: start N more workers (with --gpus: their GPUs)")
     @argument("--engines", type=int, default=None, metavar="N",
@@ -221,7 +227,7 @@ class RpcMagics(Magics):
                     raise UsageError(JOIN_NO_GPUS)
                 group = session.join(args.join, args.name, token=args.token,
                                      shm=not args.no_shm, interface=args.interface,
-                                     ucx=args.ucx, **kwargs)
+                                     ucx=args.ucx, zero_copy=not args.no_zero_copy, **kwargs)
             else:
                 if args.token:
                     raise UsageError("--token goes with --join; a new group makes its own.")
@@ -233,7 +239,8 @@ class RpcMagics(Magics):
                     kwargs["gpus"] = args.gpus
                 kwargs.update(name=args.name or "worker0", channels=_csv(args.channels),
                               transports=_csv(args.transports), shm=not args.no_shm,
-                              ucx=args.ucx, port=args.port, host=args.host or "127.0.0.1",
+                              ucx=args.ucx, zero_copy=not args.no_zero_copy,
+                              port=args.port, host=args.host or "127.0.0.1",
                               allow_remote=args.allow_remote, interface=args.interface)
                 if args.engines is not None:
                     from rpcnb import cluster
@@ -261,7 +268,7 @@ class RpcMagics(Magics):
                               "transports", "device_map", "token", "port", "host", "engines",
                               "launcher", "cluster_args", "attach", "interface")
                   if getattr(args, f) not in (None, 0)]
-        if others or args.allow_remote or args.no_shm or args.ucx:
+        if others or args.allow_remote or args.no_shm or args.ucx or args.no_zero_copy:
             raise UsageError(ADD_ALONE)
         if not state.is_initialized():
             raise UsageError(errors.NOT_INITIALIZED)
@@ -310,7 +317,8 @@ class RpcMagics(Magics):
         target = state.ALL if args.all else args.target
         run = session.run_bg if args.bg else session.run
         try:
-            result = run(target, code, fetch=args.fetch, push=push, timeout=args.timeout)
+            result = run(target, code, fetch=args.fetch, push=push, timeout=args.timeout,
+                         zero_copy=not args.copy)
         except (errors.WorkerDiedError, errors.RemoteError):
             raise  # they show the worker and what happened there
         except (ValueError, errors.RpcnbError) as exc:
@@ -432,8 +440,13 @@ class RpcMagics(Magics):
             raise UsageError(f"--interval must be a positive number of seconds, not {args.interval}.")
         try:
             if args.text:
+                from rpcnb import telemetry
+
                 print(channels.describe(channels.predict_group())
                       + channels.describe_ucx(channels.ucx_paths()))
+                paths = channels.describe_paths(telemetry.peer_stats())
+                if paths:
+                    print("\n" + paths)
                 return None
             try:
                 from rpcnb.widgets.channel_monitor import ChannelMonitor

@@ -74,13 +74,19 @@ def check_names(names: list[str], kind: str) -> list[str]:
 
 def validate(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RPC_TIMEOUT,
              channels: Iterable[str] | None = None,
-             transports: Iterable[str] | None = None) -> dict[str, Any]:
-    """Check TensorPipe settings before any process starts; return them as plain data."""
+             transports: Iterable[str] | None = None, *, shm: bool = True,
+             zero_copy: bool = True) -> dict[str, Any]:
+    """Check a group's settings before any process starts; return them as plain data.
+
+    ``shm``: large CPU tensors between members on one host go through rpcnb's shared
+    memory (``rpcnb.shm``, copy semantics); ``zero_copy``: a CPU tensor already in shared
+    memory goes by handle (``rpcnb.zerocopy``, sharing semantics; only with ``shm``)."""
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer, not {threads!r}.")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
-    opts: dict[str, Any] = {"threads": threads, "timeout": float(timeout)}
+    opts: dict[str, Any] = {"threads": threads, "timeout": float(timeout), "shm": bool(shm),
+                            "zero_copy": bool(shm) and bool(zero_copy)}
     if channels:
         opts["channels"] = check_names(list(channels), "channel")
     opts["transports"] = (check_names(list(transports), "transport") if transports

@@ -18,6 +18,7 @@ installs both as soon as the user's code imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -30,7 +31,7 @@ import time
 import types
 from typing import Any
 
-from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry, ucx
+from rpcnb import arrays, errors, notebook, rendezvous, shm, state, telemetry, ucx, zerocopy
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -46,7 +47,9 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
 
     f = io.BytesIO()
     p = _pickler_class()(f, _dispatch_table(obj))
-    with _torch.send_tables() as tensors:
+    # a remote cell's result whose call said zero_copy=False (cells.runner.CellResult)
+    copy = zerocopy.copying() if getattr(obj, "copy_tensors", False) else contextlib.nullcontext()
+    with _torch.send_tables() as tensors, copy:
         try:
             p.dump(obj)
         except Exception as exc:
@@ -128,9 +131,14 @@ def _kind(obj: Any) -> str:
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
-    """Large tensors take the UCX path in a group that asked for it (``rpcnb.ucx``: the
-    sender records the transfer when it is pulled), else large CPU tensors to a same-host
-    peer take rpcnb's shared-memory path."""
+    """A CPU tensor already in shared memory goes by handle to a same-host peer
+    (``rpcnb.zerocopy``); large tensors take the UCX path in a group that asked for it
+    (``rpcnb.ucx``: the sender records the transfer when it is pulled); other large CPU
+    tensors to a same-host peer take rpcnb's shared-memory path."""
+    if tensor.device.type == "cpu":
+        shared = zerocopy.export(tensor)
+        if shared is not None:
+            return shared
     if ucx.wants(tensor):
         reduced = ucx.export(tensor)
         if reduced is not None:
@@ -244,13 +252,15 @@ def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any) -> Any:
         op = str(args[index])  # rpcnb's own request: named by its operation
     else:
         op = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
-    with telemetry.sending(peer):
+    with telemetry.sending(peer), zerocopy.collecting() as shared:
         result = send()
     is_rref = not hasattr(result, "add_done_callback")
     try:
         fut = _rref_future(result) if is_rref else result
     except Exception:
         return result
+    if shared:  # the receiver has mapped them once the call completes
+        fut.add_done_callback(lambda _f: zerocopy.release(shared))
     telemetry.watch(fut, peer, ("remote:" if is_rref else "") + op,
                     telemetry.tensor_bytes(args, kwargs))
     return result

@@ -56,7 +56,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
          transports: Iterable[str] | None = None, shm: bool = True,
          device_map: Any = None, gpus: str | None = None, port: int | None = None,
          host: str = "127.0.0.1", allow_remote: bool = False,
-         interface: str | None = None, ucx: bool | None = None) -> Group:
+         interface: str | None = None, ucx: bool | None = None,
+         zero_copy: bool = True) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. ``gpus`` says which of this kernel's
@@ -83,8 +84,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     names = [f"worker{i}" for i in range(1, workers + 1)]
     if name in names:
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
-    opts = options.validate(threads, timeout, channels, transports)
-    opts["shm"] = bool(shm)
+    opts = options.validate(threads, timeout, channels, transports, shm=shm, zero_copy=zero_copy)
     opts["ucx"] = ucx_path.option(ucx)
     devices = options.plan_devices(name, names, gpus, device_map)
     if name in devices.maps:
@@ -166,7 +166,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
 def join(address: str, name: str, *, token: str | None = None,
          threads: int = options.DEFAULT_THREADS, timeout: float | None = None,
          shm: bool = True, device_map: Any = None, interface: str | None = None,
-         kind: str = "kernel", ucx: bool | None = None) -> Group:
+         kind: str = "kernel", ucx: bool | None = None, zero_copy: bool = True) -> Group:
     """Join a group as ``name``; remote cells sent to ``name`` run in this namespace.
 
     ``address`` is the connection file %rpc_init printed (or its directory, or the
@@ -176,8 +176,7 @@ def join(address: str, name: str, *, token: str | None = None,
     """
     launch.apply_quiet_env()
     opts = options.validate(threads, timeout if timeout is not None
-                            else options.DEFAULT_RPC_TIMEOUT)
-    opts["shm"] = shm
+                            else options.DEFAULT_RPC_TIMEOUT, shm=shm, zero_copy=zero_copy)
     opts["ucx"] = ucx_path.option(ucx)
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))

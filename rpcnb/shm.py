@@ -7,7 +7,9 @@ process's pool, and only the buffer's name travels. The receiver maps the buffer
 wraps it as a tensor without copying. The buffer goes back to the sender's pool when the
 receiving tensor (and every view of it) is freed, so copy semantics hold: the sender
 never writes into a buffer a receiver still sees, and the receiver's writes never reach
-the sender's tensor.
+the sender's tensor. A receiver that sends such a tensor on hands over the same buffer
+(``rpcnb.zerocopy``, ``map_forwarded``): each further holder sets its byte (1 + its rank)
+in the header, and the buffer is free only when the whole header is zero.
 
 Tensors that need autograd, CUDA tensors, small tensors and other hosts keep TensorPipe's
 path. ``RPCNB_SHM=0`` (or ``%rpc_init --no-shm``) turns the path off.
@@ -74,6 +76,12 @@ class _Segment:
     def state(self) -> int:
         return self.mm[0]
 
+    @property
+    def free(self) -> bool:
+        """No receiver holds it: neither the first one (byte 0) nor a member it was sent
+        on to by handle (byte 1 + that member's rank, ``map_forwarded``)."""
+        return self.mm.find(b"\x01", 0, HEADER) < 0
+
 
 _pool: list[_Segment] = []
 _pool_bytes = 0
@@ -111,10 +119,26 @@ def activate(group: str, on_full: Any = None) -> None:
     threading.Thread(target=_trimmer, args=(group,), name="rpcnb-shm-trim", daemon=True).start()
 
 
+_trim_hooks: list[Any] = []  # also called by the trimmer, every second (rpcnb.zerocopy)
+_leave_hooks: list[Any] = []  # also called when this process leaves its group
+
+
+def on_trim(hook: Any) -> None:
+    """Call ``hook()`` every second while this process is in a single-host group."""
+    _trim_hooks.append(hook)
+
+
+def on_deactivate(hook: Any) -> None:
+    """Call ``hook()`` when this process leaves its group."""
+    _leave_hooks.append(hook)
+
+
 def _trimmer(group: str) -> None:
     while _group == group:
         time.sleep(1.0)
         trim(_idle)
+        for hook in _trim_hooks:
+            hook()
 
 
 def trim(idle: float) -> int:
@@ -125,7 +149,7 @@ def trim(idle: float) -> int:
     freed = 0
     with _lock:
         for seg in list(_pool):
-            if seg.state == FREE and now - seg.used > idle:
+            if seg.free and now - seg.used > idle:
                 _pool.remove(seg)
                 _pool_bytes -= seg.size
                 freed += seg.size
@@ -183,6 +207,8 @@ def deactivate() -> None:
         _pool.clear()
         _pool_bytes = 0
         _peer_maps.clear()
+    for hook in _leave_hooks:
+        hook()
 
 
 def _no_room(nbytes: int, free: int) -> None:
@@ -205,7 +231,7 @@ def stats() -> dict[str, int]:
     """Counts: tensors sent and received this way, fallbacks, pool size, in flight."""
     with _lock:
         return dict(_stats, pool_bytes=_pool_bytes, buffers=len(_pool),
-                    in_flight=sum(seg.state == IN_FLIGHT for seg in _pool),
+                    in_flight=sum(not seg.free for seg in _pool),
                     mapped_bytes=sum(len(mm) for mm, _ in _peer_maps.values()))
 
 
@@ -225,9 +251,15 @@ def is_suppressed() -> bool:
     return bool(getattr(_local, "off", False))
 
 
+def open_here() -> bool:
+    """May this thread send through rpcnb's shared memory now: on, in a single-host group,
+    not inside ``suppressed()``."""
+    return _enabled and _group is not None and not is_suppressed()
+
+
 def wants(tensor: Any) -> bool:
     """Should this tensor take the shared-memory path?"""
-    if not _enabled or _group is None or getattr(_local, "off", False):
+    if not open_here():
         return False
     import torch
 
@@ -279,7 +311,7 @@ def _acquire(nbytes: int) -> _Segment | None:
     with _lock:
         best = None
         for seg in _pool:
-            if seg.state == FREE and nbytes <= seg.size <= 2 * nbytes:
+            if seg.free and nbytes <= seg.size <= 2 * nbytes:
                 if best is None or seg.size < best.size:
                     best = seg
         if best is None:
@@ -335,9 +367,88 @@ def _peer_map(name: str, total: int) -> mmap.mmap:
         return mm
 
 
-def _release(mm: mmap.mmap) -> None:
+# Tensors here over peers' buffers, by their storage's address: (buffer name, mapping
+# size). rpcnb.zerocopy sends such a tensor on by handle instead of copying it again.
+_origins: dict[int, tuple[str, int]] = {}
+_forwarded: dict[str, int] = {}  # buffer name -> tensors here that hold it by a slot
+
+
+def _release(mm: mmap.mmap, ptr: int = 0) -> None:
+    with _lock:
+        _origins.pop(ptr, None)
     with contextlib.suppress(ValueError):  # already closed
         mm[0] = FREE
+
+
+def origin_of(tensor: Any) -> tuple[str, int, int] | None:
+    """(buffer name, mapping size, storage bytes) when ``tensor``'s storage is a peer's
+    pool buffer mapped here; None otherwise."""
+    storage = tensor.untyped_storage()
+    with _lock:
+        found = _origins.get(storage.data_ptr())
+    return None if found is None else (found[0], found[1], storage.nbytes())
+
+
+# The header's bytes: 0 the first receiver's; 1 + rank a member holding the buffer sent on
+# to it; from TOKENS_AT, TOKENS per rank: that member's sends of it still in transit.
+TOKENS_AT = 2048
+TOKENS = 4
+SLOTS = TOKENS_AT - 1  # members of rank 0 .. SLOTS-1 can hold a buffer sent on by handle
+
+
+def in_transit(name: str, total: int, rank: int) -> int | None:
+    """Mark a peer's buffer (mapped here) as being sent on by the member of ``rank``; the
+    header byte to pass to the receiver, which clears it once it holds the buffer. None
+    when this member has ``TOKENS`` sends of it in transit already (then copy it)."""
+    if not 0 <= rank < (HEADER - TOKENS_AT) // TOKENS:
+        return None
+    with _lock:
+        known = _peer_maps.get(name)
+        if known is None or known[0].closed:
+            return None
+        mm = known[0]
+        for pos in range(TOKENS_AT + rank * TOKENS, TOKENS_AT + (rank + 1) * TOKENS):
+            if mm[pos] == 0:  # only this member sets its bytes; receivers clear them
+                mm[pos] = 1
+                return pos
+    return None
+
+
+def map_forwarded(name: str, total: int, nbytes: int, slot: int, token: int) -> Any:
+    """A storage over a peer's pool buffer that another member sent on by handle: this
+    process's byte in the header (``1 + slot``, its rank) says it holds the buffer, so its
+    creator does not reuse it until every tensor here over it is freed; then the sender's
+    in-transit byte ``token`` is cleared."""
+    import torch
+
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"rank {slot} has no slot in a shared-memory buffer's header")
+    mm = _peer_map(name, total)
+    with _lock:
+        _forwarded[name] = _forwarded.get(name, 0) + 1
+        mm[1 + slot] = 1
+        mm[token] = 0
+    view = memoryview(mm)[HEADER:HEADER + nbytes]
+    raw = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
+    ptr = raw.untyped_storage().data_ptr()
+    with _lock:
+        _origins[ptr] = (name, total)
+    weakref.finalize(view, _unhold, name, mm, slot, ptr)
+    del view
+    _count("received")
+    return raw.untyped_storage()
+
+
+def _unhold(name: str, mm: mmap.mmap, slot: int, ptr: int) -> None:
+    with _lock:
+        _origins.pop(ptr, None)
+        left = _forwarded.get(name, 0) - 1
+        if left > 0:
+            _forwarded[name] = left
+            return
+        _forwarded.pop(name, None)
+        with contextlib.suppress(ValueError):
+            mm[1 + slot] = 0
 
 
 def _rebuild(name: str, total: int, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -350,21 +461,41 @@ def _rebuild(name: str, total: int, dtype: str, shape: tuple[int, ...]) -> Any:
         count *= dim
     torch_dtype = getattr(torch, dtype.replace("torch.", ""))
     view = memoryview(mm)[HEADER:HEADER + count * torch_dtype.itemsize]
-    weakref.finalize(view, _release, mm)
     tensor = torch.frombuffer(view, dtype=torch_dtype, count=count).view(shape)
+    ptr = tensor.untyped_storage().data_ptr()
+    with _lock:
+        _origins[ptr] = (name, total)
+    weakref.finalize(view, _release, mm, ptr)
     del view  # only the tensor's storage holds it now
     _count("received")
     return tensor
 
 
 def remove_segments_of(pid: int, group: str | None = None) -> int:
-    """Unlink every buffer a (dead) process left in /dev/shm; returns how many."""
+    """Unlink every buffer a (dead) process left in /dev/shm; returns how many. Once it
+    has exited, that includes the files torch.multiprocessing's file-system strategy made
+    for it (``torch_<pid>_*``): its torch_shm_manager, which would unlink them, is
+    stopped with it. Processes that mapped them keep their pages."""
     pattern = f"rpcnb-{group or '*'}-{pid}-*"
     found = glob.glob(os.path.join(SHM_DIR, pattern))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        found += [path for path in glob.glob(os.path.join(SHM_DIR, f"torch_{pid}_*"))
+                  if _owned(path)]
+    except PermissionError:
+        pass
     for path in found:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return len(found)
+
+
+def _owned(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def leftovers(group: str | None = None) -> list[str]:

@@ -27,7 +27,8 @@ class Record:
     duration: float  # seconds
     nbytes: int = 0  # tensor bytes sent
     ok: bool = True
-    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), "rpcnb_shm", "ucx: tcp"
+    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), "rpcnb_shm", "zero_copy",
+    # "ucx: tcp"
 
 
 _lock = threading.Lock()
@@ -183,10 +184,17 @@ MONITOR_OPS = ("peer_stats", "facts", "ucx_pull")
 
 def traffic_stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
     """Calls, p50 latency and bandwidth of ``recs`` (plain records), without the
-    monitor's own calls."""
+    monitor's own calls; ``paths``: the tensors that took one of rpcnb's own paths
+    (``rpcnb_shm``, ``zero_copy``), as ``{path: {"tensors": n, "bytes": b}}``."""
     calls = [r for r in recs if r["op"] not in MONITOR_OPS]
     if not calls:
-        return {"calls": 0, "p50_ms": None, "bytes_per_s": None}
+        return {"calls": 0, "p50_ms": None, "bytes_per_s": None, "paths": {}, "ucx": None}
+    paths: dict[str, dict[str, int]] = {}
+    for r in calls:
+        if r["channel"]:
+            path = paths.setdefault(r["channel"], {"tensors": 0, "bytes": 0})
+            path["tensors"] += 1
+            path["bytes"] += r["nbytes"]
     moved = [r for r in calls if r["nbytes"] and r["duration"] > 0]
     busy = sum(r["duration"] for r in moved)
     ucx = [r["channel"] for r in calls if r["channel"].startswith("ucx: ")]
@@ -196,6 +204,7 @@ def traffic_stats(recs: list[dict[str, Any]]) -> dict[str, Any]:
         "bytes_per_s": sum(r["nbytes"] for r in moved) / busy if busy > 0 else None,
         # the UCX transport of the latest tensor sent over UCX ("ucx: tcp"), if any
         "ucx": ucx[-1] if ucx else None,
+        "paths": paths,
     }
 
 

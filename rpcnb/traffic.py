@@ -26,7 +26,9 @@ class Picture:
     """The group's traffic at one moment (plain data, ready to send to a front end)."""
 
     members: list[str]
-    # "src->dst": {transport, channel, reason, devices, calls, p50_ms, bytes_per_s}
+    # "src->dst": {transport, channel, reason, devices, calls, p50_ms, bytes_per_s, paths,
+    # ucx} (paths: the tensors that took rpcnb's own paths, {"rpcnb_shm"|"zero_copy"|
+    # "ucx: tcp": {tensors, bytes}}; ucx: the UCX transport of the latest one over UCX)
     matrix: dict[str, dict[str, Any]] = field(default_factory=dict)
     series: dict[str, list[list[float]]] = field(default_factory=dict)  # peer -> [[t, ms]]
     curve: dict[str, list[list[Any]]] = field(default_factory=dict)  # peer -> [[bytes, ms, B/s, path]]
@@ -85,7 +87,8 @@ class Traffic:
                     "devices": {pair: c.name for pair, c in pred.channels.items()} if pred else {},
                 }
                 source = mine if a == s.name else self._remote.get(a, {})
-                cell.update(source.get(b) or {"calls": 0, "p50_ms": None, "bytes_per_s": None})
+                cell.update(source.get(b) or {"calls": 0, "p50_ms": None, "bytes_per_s": None,
+                                             "paths": {}, "ucx": None})
                 matrix[key] = cell
         series: dict[str, list[list[float]]] = {}
         curve: dict[str, list[list[Any]]] = {}

@@ -119,6 +119,9 @@ def headless_parser() -> Any:
                     help="move tensors over TensorPipe only, not rpcnb's shared memory")
     ap.add_argument("--ucx", action="store_true", default=None,
                     help="move large tensors over UCX, as the group does (also RPCNB_UCX=1)")
+    ap.add_argument("--no-zero-copy", action="store_true",
+                    help="copy tensors that are already in shared memory too, instead of "
+                         "sending them by handle (sharing their pages)")
     return ap
 
 
@@ -194,12 +197,12 @@ def headless(argv: list[str]) -> None:
     try:
         secret = read_token(args.token, args.token_file, args.join)
         name = worker_name(args.name)
-        opts = options.validate(args.threads, args.timeout)
+        opts = options.validate(args.threads, args.timeout, shm=not args.no_shm,
+                                zero_copy=not args.no_zero_copy)
         opts["ucx"] = ucx.option(args.ucx)
     except (ValueError, errors.RpcnbError) as exc:
         print(f"rpcnb.worker: {exc}", file=sys.stderr)
         sys.exit(2)
-    opts["shm"] = not args.no_shm
     signal.signal(signal.SIGINT, signal.default_int_handler)
     handlers.install()
     ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import report  # noqa: E402
 
 
 def test_quick_benchmark_runs_every_comparison(tmp_path):
@@ -20,8 +23,35 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     data = json.loads(out.read_text())
     assert not data["errors"]
     results = data["results"]
-    for key in ("roundtrip", "transfer", "fanout", "startup", "startup_cold_warm"):
+    for key in ("roundtrip", "transfer", "fanout", "startup", "startup_cold_warm", "curves",
+                "idle"):
         assert results.get(key), f"no {key} figures"
+    sizes = results["curves"]["one_way"]["sizes"]
+    for entry in sizes.values():  # every path measured at every size, every sample kept
+        assert all(entry["samples_ms"][p] for p in ("tensorpipe", "rpcnb shm", "zero-copy", "memcpy"))
+    assert all(entry["taken"]["zero-copy"] == len(entry["samples_ms"]["zero-copy"])
+               for entry in sizes.values()), "every share_memory_() send went by handle"
+    assert results["idle"]["processes"] and results["idle"]["pct_of_one_core"] >= 0
     assert data["left_processes"] == [] and data["leftover_shm"] == []
     assert data["targets"], "the issue's targets are reported next to the figures"
     assert "tensorpipe" in data["table"] and "memcpy" in data["table"]
+    assert any(t["target"].startswith("idle group") for t in data["targets"])
+
+    # the docs' generated block and figures, from that JSON
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text(f"# Page\n\nbefore\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
+    figures = tmp_path / "docs" / "_static" / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench.report", str(out), "--doc", str(page),
+                           "--figures", str(figures)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = page.read_text()
+    assert text.startswith("# Page\n\nbefore\n") and text.endswith("after\n") and "\nold\n" not in text
+    for name in ("oneway", "init", "fanout"):
+        png = figures / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"](_static/bench/{name}.png)" in text
+    assert "zero-copy ms" in text and "Idle group of 4 workers" in text
+    for t in data["targets"]:  # the page's targets are the JSON's
+        assert t["target"] in text

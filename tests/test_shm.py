@@ -56,6 +56,12 @@ def drop_kept():
     return True
 
 
+def fresh(n):
+    import torch
+
+    return torch.randn(n)
+
+
 def stats():
     from rpcnb import shm as s
 
@@ -116,7 +122,8 @@ def test_copy_semantics_hold_under_buffer_reuse(api_group):
 
 
 def test_views_keep_the_buffer_until_the_last_one_is_freed(api_group):
-    back = rpc.rpc_sync("worker1", echo, args=(torch.randn(MB),))
+    # a tensor worker1 makes (an echo of ours would come back by handle: rpcnb.zerocopy)
+    back = rpc.rpc_sync("worker1", fresh, args=(MB,))
     view = back[10:20]
     worker_stats = rpc.rpc_sync("worker1", stats)
     assert worker_stats["in_flight"] == 1  # worker1's result buffer, held by us

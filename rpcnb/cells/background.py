@@ -163,7 +163,8 @@ def _flush() -> None:
 
 
 def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
-          push: dict[str, Any] | None = None, timeout: float | None = None) -> BackgroundCell:
+          push: dict[str, Any] | None = None, timeout: float | None = None,
+          zero_copy: bool = True) -> BackgroundCell:
     """Send a cell like ``run`` and return at once with its handle; its output keeps
     streaming into the cell (or terminal) that started it."""
     s = state.current()
@@ -172,7 +173,7 @@ def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = Fals
     with s.lock:
         s.jobs_started += 1
         job = BackgroundCell(s.jobs_started, names, source, many, behind)
-    sent = call.send(s, names, source, fetch, push)
+    sent = call.send(s, names, source, fetch, push, zero_copy)
     job._sent = sent
     with s.lock:
         s.background[job.id] = job

@@ -5,6 +5,7 @@ errors, and interrupt them when the notebook is interrupted or ``timeout`` passe
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, machine, progress, protocol, roster, state, telemetry
+from rpcnb import errors, machine, progress, protocol, roster, state, telemetry, zerocopy
 from rpcnb.cells.output import Printer, large
 from rpcnb.errors import RemoteError, WorkerDiedError
 from rpcnb.state import Session
@@ -45,7 +46,8 @@ class Call:
 
 
 def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
-        push: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        push: dict[str, Any] | None = None, timeout: float | None = None,
+        zero_copy: bool = True) -> Any:
     """Run ``source`` on the target worker(s) as a cell and wait for it.
 
     Output streams into this process's stdout/stderr/display while the cell runs. Returns
@@ -53,6 +55,8 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are named
     (None when no worker had a value).
     Raises RemoteError (with ``.worker``) for an exception on the worker.
+    ``zero_copy=False``: tensors already in shared memory among ``push`` (and, with
+    ``fetch``, in the value) are copied instead of shared by handle (``rpcnb.zerocopy``).
     """
     s = state.current()
     names, many = prepare(s, target, source, timeout)
@@ -60,7 +64,7 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             for w, ids in background_on(s, names).items()]
     if busy:
         print(errors.QUEUED_BEHIND.format(workers="; ".join(busy)), file=sys.stderr)
-    sent = send(s, names, source, fetch, push)
+    sent = send(s, names, source, fetch, push, zero_copy)
     try:
         wait(s, sent, timeout, prefix=many)
     finally:
@@ -145,8 +149,9 @@ class Sent:
 
 
 def send(s: Session, names: list[str], source: str, fetch: bool,
-         push: dict[str, Any] | None) -> Sent:
-    """Send the cell to each of ``names``; their output goes to the returned ``Sent``."""
+         push: dict[str, Any] | None, zero_copy: bool = True) -> Sent:
+    """Send the cell to each of ``names``; their output goes to the returned ``Sent``
+    (``zero_copy=False``: shared tensors in ``push`` and the fetched value are copied)."""
     sent = Sent({}, queue.Queue(), telemetry.now(), time.perf_counter())
     pushed = progress.payload_bytes(list((push or {}).values()))
     try:
@@ -156,10 +161,12 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
             with s.lock:
                 s.calls[call.call_id] = call
             sent.calls[call.call_id] = call
+            extra = () if zero_copy else (False,)  # run_cell's zero_copy, when not the default
             try:
-                call.future = protocol.call_async(
-                    s.token, name, "run_cell", call.call_id, s.name, source, fetch,
-                    dict(push or {}), timeout=0)
+                with contextlib.nullcontext() if zero_copy else zerocopy.copying():
+                    call.future = protocol.call_async(
+                        s.token, name, "run_cell", call.call_id, s.name, source, fetch,
+                        dict(push or {}), *extra, timeout=0)
             except Exception as exc:  # it could not be pickled: nothing was sent
                 raise _push_error(push or {}, exc) from exc
             call.future.add_done_callback(

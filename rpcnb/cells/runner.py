@@ -38,6 +38,7 @@ class CellResult:
     traceback: str = ""
     duration: float = 0.0
     outputs: int = 0  # number of output batches sent before this result
+    copy_tensors: bool = False  # the call said zero_copy=False: pickled under copying()
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Job:
     fetch: bool
     push: dict[str, Any]
     future: Any  # a torch Future the result is set on
+    zero_copy: bool = True  # False: a fetched tensor in shared memory is copied
     filename: str = ""
     started: float = field(default_factory=time.monotonic)
     capture: Any = None  # its output's Capture, while it runs
@@ -155,6 +157,9 @@ class CellRunner:
             result.outputs = cap.close()
         except KeyboardInterrupt:
             result.outputs = cap.close()
+        # the reply is pickled on whichever thread completes or awaits the future: the
+        # result itself says to copy (rpcnb.serialize reads it)
+        result.copy_tensors = not job.zero_copy
         job.future.set_result(result)
 
     def _execute(self, job: Job) -> CellResult:

@@ -54,6 +54,12 @@ function matrixTable(model) {
         c.ucx ? h("div", { class: "rpcnb-path rpcnb-ucx" }, c.ucx) : "",
         h("div", { class: "rpcnb-num" }, `p50 ${fmtMs(c.p50_ms)}`),
         h("div", { class: "rpcnb-num" }, `${fmtRate(c.bytes_per_s)} · ${c.calls || 0} calls`));
+      // tensors that took rpcnb's own paths (rpcnb_shm: copied; zero_copy: shared pages)
+      const paths = Object.entries(c.paths || {});
+      if (paths.length) {
+        td.append(h("div", { class: "rpcnb-paths" },
+          paths.map(([p, v]) => `${p} ×${v.tensors}`).join(" · ")));
+      }
       row.append(td);
     }
     table.append(row);
@@ -161,6 +167,7 @@ const STYLE = `
 .rpcnb-matrix th, .rpcnb-matrix td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
 .rpcnb-path { font-weight: 600; }
 .rpcnb-num { color: #555; font-variant-numeric: tabular-nums; }
+.rpcnb-paths { color: #2a6f2a; font-size: 11px; }
 .rpcnb-self { color: #bbb; text-align: center !important; }
 .rpcnb-status { margin: 4px 0; }
 .rpcnb-status.stopped { color: #a33; }

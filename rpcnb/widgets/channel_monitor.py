@@ -32,7 +32,8 @@ class ChannelMonitor(anywidget.AnyWidget):
 
     me = traitlets.Unicode("").tag(sync=True)
     members = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    # "src->dst": {transport, channel, reason, calls, p50_ms, bytes_per_s}
+    # "src->dst": {transport, channel, reason, calls, p50_ms, bytes_per_s, paths}
+    # (paths: tensors that took rpcnb's own paths, {"rpcnb_shm"|"zero_copy": {tensors, bytes}})
     matrix = traitlets.Dict().tag(sync=True)
     series = traitlets.Dict().tag(sync=True)  # peer -> [[t (s, epoch), ms], ...]
     curve = traitlets.Dict().tag(sync=True)  # peer -> [[nbytes, ms, bytes/s, path], ...]
