@@ -19,32 +19,13 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 from conftest import children_of, kill_all, pid_alive, wait_until
+from test_shm import bump_kept, keep, kept_sum, ns  # pickled by value, as this module's
 
 import rpcnb
 from rpcnb import channels, shm, telemetry, zerocopy
 
 MB = 1 << 20
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def ns():
-    from rpcnb import state
-
-    return state.current().runner.namespace
-
-
-def keep(t):
-    ns()["kept"] = t
-    return t.sum().item()
-
-
-def kept_sum():
-    return ns()["kept"].sum().item()
-
-
-def bump_kept():
-    ns()["kept"].add_(100)
-    return ns()["kept"].sum().item()
 
 
 def forward_kept(to):
