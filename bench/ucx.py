@@ -181,28 +181,13 @@ def netns_blocker() -> str | None:
 
 @contextlib.contextmanager
 def veth_pair() -> Iterator[dict[str, str]]:
-    """A network namespace joined to this one by a veth pair on a private /30 (the same
-    setup as the tests' ``netns`` fixture); removed at the end."""
+    """A network namespace joined to this one by a veth pair (bench.netsetup, as the
+    tests' ``netns`` fixture); removed at the end."""
+    from bench.netsetup import veth_pair as pair
+
     tag = os.getpid() % 100000
-    ns, here, there = f"rpcnb-b{tag}", f"rpb{tag}a", f"rpb{tag}b"
-    net = f"10.214.{tag % 250}"
-    steps = [
-        ["ip", "netns", "add", ns],
-        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
-        ["ip", "link", "set", there, "netns", ns],
-        ["ip", "addr", "add", f"{net}.1/30", "dev", here],
-        ["ip", "link", "set", here, "up"],
-        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/30", "dev", there],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
-    ]
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True)
-        yield {"ns": ns, "here": here, "there": there, "addr": f"{net}.1"}
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with pair(f"rpcnb-b{tag}", f"rpb{tag}", f"10.214.{tag % 250}") as net:
+        yield net
 
 
 def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],

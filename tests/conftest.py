@@ -20,6 +20,9 @@ from jupyter_client import KernelManager
 
 from rpcnb.launch import descendants, kill_all, pid_alive
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the bench package's helpers
+from bench.netsetup import veth_pair  # noqa: E402
+
 # The same helpers rpcnb's tools use to find and stop what a kernel started.
 children_of = descendants
 
@@ -305,22 +308,5 @@ def netns():
     if why:
         pytest.skip(why)
     tag = os.getpid() % 100000
-    ns, here, there = f"rpcnb-t{tag}", f"rpv{tag}a", f"rpv{tag}b"
-    net = f"10.213.{tag % 250}"
-    steps = [
-        ["ip", "netns", "add", ns],
-        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
-        ["ip", "link", "set", there, "netns", ns],
-        ["ip", "addr", "add", f"{net}.1/30", "dev", here],
-        ["ip", "link", "set", here, "up"],
-        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/30", "dev", there],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
-    ]
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True)
-        yield {"ns": ns, "here": here, "there": there}
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with veth_pair(f"rpcnb-t{tag}", f"rpv{tag}", f"10.213.{tag % 250}") as net:
+        yield net
