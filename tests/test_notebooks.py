@@ -95,6 +95,17 @@ def _wait_gone(pids: set[int], grace: float) -> list[int]:
 
 
 @functools.cache
+def _warm_launcher(pid: int) -> bool:
+    """Whether ``pid`` is a kernel's warm launcher (rpcnb.forkserver), not a worker it forked
+    (those share its command line and take the name ``rpcnb workerN``)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return b"rpcnb.forkserver" in cmdline and not name.startswith("rpcnb ")
+
+
 def run_notebook(path: Path, kernel: str = "python3") -> Run:
     """Execute ``path`` once per test session and kernel (several tests read one run)."""
     run = Run(path)
@@ -118,7 +129,10 @@ def run_notebook(path: Path, kernel: str = "python3") -> Run:
             return
         run.seen.update(children_of(run.kernel_pid))
         if cell_index == last_code:  # %rpc_shutdown: the kernel lives, its workers must not
-            run.left_after_last_cell = _wait_gone(run.seen, GRACE)
+            # (its warm launcher stays for the next group, by design; it ends with the
+            # kernel, which left_after_kernel checks)
+            workers = {p for p in run.seen if not _warm_launcher(p)}
+            run.left_after_last_cell = _wait_gone(workers, GRACE)
 
     client.on_notebook_start = on_start
     client.on_cell_executed = on_cell
