@@ -19,6 +19,7 @@ from test_lab_widgets import (
     CHROMIUM_ARGS,
     DOCS_STATIC,
     lab,  # noqa: F401 (the fixture)
+    open_notebook,
     run_cell,
     write_notebook,
 )
@@ -50,14 +51,7 @@ def test_doctor_widget_in_jupyterlab(lab, tmp_path):  # noqa: F811 (the fixture)
         lab["started"].update(children_of(os.getpid()))
         page = browser.new_page(viewport={"width": 1300, "height": 1100})
         try:
-            page.set_default_timeout(120_000)
-            expect.set_options(timeout=120_000)  # a cold kernel and group take a while
-            page.goto(f"{lab['url']}/lab/tree/doctor.ipynb?token={lab['token']}")
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-            expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible()
-            news = page.get_by_role("button", name="No", exact=True)
-            if news.is_visible():
-                news.click()  # JupyterLab's "news?" toast would sit over the outputs
+            open_notebook(page, lab, "doctor.ipynb")
             run_cell(page, 0)
             conn = (lab["root"] / "connection.txt").read_text()
             tiny = small_shm_worker(conn, "tiny", tmp_path / "tiny.log")

@@ -29,6 +29,7 @@ from test_lab_widgets import (
     CHROMIUM_ARGS,
     DOCS_STATIC,
     lab,  # noqa: F401 (the fixture)
+    open_notebook,
     run_cell,
     write_notebook,
 )
@@ -80,14 +81,7 @@ def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
         lab["started"].update(children_of(os.getpid()))
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         try:
-            page.set_default_timeout(120_000)
-            expect.set_options(timeout=120_000)
-            page.goto(f"{lab['url']}/lab/tree/panel.ipynb?token={lab['token']}")
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-            expect(page.get_by_text("Python 3 (rpcnb) | Idle")).to_be_visible()
-            news = page.get_by_role("button", name="No", exact=True)
-            if news.is_visible():
-                news.click()
+            open_notebook(page, lab, "panel.ipynb", kernel="rpcnb")
 
             status = page.locator(".rpcnb-status-item")
             expect(status).to_be_visible()  # before rpcnb is loaded: "RPC"

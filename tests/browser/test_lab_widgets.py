@@ -73,6 +73,22 @@ def write_notebook(path: Path, cells: list[str] = CELLS, kernel: str = "python3"
     path.write_text(json.dumps(nb))
 
 
+def open_notebook(page, lab, name: str, kernel: str = "python3") -> None:
+    """Open ``name`` in JupyterLab on ``page``, wait until its kernel is idle, and dismiss
+    JupyterLab's "news?" toast (it would sit over the outputs)."""
+    from playwright.sync_api import expect
+
+    page.set_default_timeout(120_000)
+    expect.set_options(timeout=120_000)  # a cold kernel and group take a while
+    page.goto(f"{lab['url']}/lab/tree/{name}?token={lab['token']}")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    idle = "Python 3 (ipykernel) | Idle" if kernel == "python3" else f"{KERNELS[kernel]} | Idle"
+    expect(page.get_by_text(idle)).to_be_visible()
+    news = page.get_by_role("button", name="No", exact=True)
+    if news.is_visible():
+        news.click()
+
+
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab on 127.0.0.1 with a token; it and everything it started stop by pid."""
@@ -140,14 +156,7 @@ def test_monitor_and_editor_in_jupyterlab(lab, tmp_path):
         lab["started"].update(children_of(os.getpid()))
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.set_default_timeout(120_000)
-            expect.set_options(timeout=120_000)  # a cold kernel and group take a while
-            page.goto(f"{lab['url']}/lab/tree/channels.ipynb?token={lab['token']}")
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-            expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible()
-            news = page.get_by_role("button", name="No", exact=True)
-            if news.is_visible():
-                news.click()  # JupyterLab's "news?" toast would sit over the outputs
+            open_notebook(page, lab, "channels.ipynb")
             for i in range(5):
                 run_cell(page, i)
                 assert page.locator(".jp-Notebook .jp-Cell").nth(i) \
