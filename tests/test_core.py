@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -168,6 +169,29 @@ def test_several_workers_run_in_parallel_with_prefixes(group):
     both = group.execute("%%remote worker1,worker2 --fetch\nimport os\nos.getpid()")
     pids = worker_pids(group)
     assert both.text == repr({"worker1": pids["worker1"], "worker2": pids["worker2"]})
+
+
+def test_worker_lines_never_land_inside_a_line_the_kernel_is_printing(group):
+    """``print`` writes its text and its newline in two calls; workers' lines that arrive
+    in between wait for the newline (a kernel thread serving RPC prints while they do)."""
+    out = group.execute(
+        "import sys, threading, time, rpcnb\n"
+        "def kernel_prints():\n"
+        "    for i in range(40):\n"
+        "        sys.stdout.write(f'K{i}')\n"
+        "        time.sleep(0.02)\n"
+        "        sys.stdout.write('\\n')\n"
+        "t = threading.Thread(target=kernel_prints)\n"
+        "t.start()\n"
+        "rpcnb.run(rpcnb.ALL, 'import time\\nfor i in range(80):\\n    print(f\"W{i}\")\\n"
+        "    time.sleep(0.01)')\n"
+        "t.join()"
+    )
+    lines = out.stdout.splitlines()
+    bad = [ln for ln in lines if not re.fullmatch(r"K\d+|\[worker[12]\] W\d+", ln)]
+    assert not bad, f"lines mixed up: {bad}\n{out.stdout}"
+    assert sum(ln.startswith("K") for ln in lines) == 40
+    assert sum(ln.startswith("[worker") for ln in lines) == 160
 
 
 def test_notebook_code_works_as_rpc_targets(group):

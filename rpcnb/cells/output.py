@@ -151,21 +151,55 @@ def set_background(cap: Capture | None) -> None:
         router.background = cap
 
 
+LINE_WAIT = 0.1  # seconds a worker's lines wait for a line another thread is writing
+
+
 class RoutingStream:
-    """Stands in for sys.stdout/stderr: writes go to the current capture."""
+    """Stands in for sys.stdout/stderr: writes go to the current capture.
+
+    Writes that stay in this process also keep lines whole: ``print`` writes its text and
+    its newline in two calls, and a worker's lines (``write_lines``) that arrive between
+    them would land inside the line. So ``write_lines`` waits, at most ``LINE_WAIT`` after
+    another thread began a line, for that line's end."""
 
     def __init__(self, original: Any, name: str) -> None:
         self._original = original
         self._name = name
+        self._line = threading.Condition(threading.RLock())
+        self._open: tuple[int, float] | None = None  # (thread, when) of an unfinished line
 
     def write(self, text: str) -> int:
         cap = router.current()
         if cap is None:
-            return self._original.write(text)
+            return self._write_here(text)
         cap.write(self._name, text)
         if cap is router.background:
-            self._original.write(text)
+            self._write_here(text)
         return len(text)
+
+    def _write_here(self, text: str) -> int:
+        with self._line:
+            n = self._original.write(text)
+            if text:
+                if text.endswith("\n"):
+                    self._open = None
+                    self._line.notify_all()
+                elif self._open is None or self._open[0] != threading.get_ident():
+                    self._open = (threading.get_ident(), time.monotonic())
+            return n
+
+    def write_lines(self, text: str) -> int:
+        """Writes ``text`` (another member's output) where no other thread's line is open."""
+        me = threading.get_ident()
+        with self._line:
+            while self._open is not None and self._open[0] != me:
+                left = self._open[1] + LINE_WAIT - time.monotonic()
+                if left <= 0:
+                    break  # a line left open (a progress bar): do not wait for it again
+                self._line.wait(left)
+            if self._open is not None and self._open[0] != me:
+                self._open = None
+            return self._write_here(text)
 
     def flush(self) -> None:
         try:
@@ -285,6 +319,12 @@ def shell() -> Any:
     return get_ipython()
 
 
+def write_lines(name: str, text: str) -> None:
+    """Another member's output into this process's ``name`` stream, between its lines."""
+    out = sys.stdout if name == "stdout" else sys.stderr
+    getattr(out, "write_lines", out.write)(text)
+
+
 class Printer:
     """Writes worker output into this process's cell, prefixed per line when several run."""
 
@@ -297,16 +337,15 @@ class Printer:
 
     def stream(self, worker: str, name: str, text: str) -> None:
         self.wrote = True
-        out = sys.stdout if name == "stdout" else sys.stderr
         if not self.prefix:
-            out.write(text)
+            write_lines(name, text)
             return
         key = (worker, name)
         buf = self.partial.get(key, "") + text
         *lines, rest = buf.split("\n")
         self.partial[key] = rest
         if lines:
-            out.write("".join(f"[{worker}] {line}\n" for line in lines))
+            write_lines(name, "".join(f"[{worker}] {line}\n" for line in lines))
 
     def display(self, kind: str, payload: dict[str, Any]) -> None:
         if kind == "progress":  # a transfer's stages (rpcnb.progress.Transfers)
@@ -340,8 +379,7 @@ class Printer:
     def finish(self) -> None:
         for (worker, name), rest in self.partial.items():
             if rest:
-                out = sys.stdout if name == "stdout" else sys.stderr
-                out.write(f"[{worker}] {rest}\n")
+                write_lines(name, f"[{worker}] {rest}\n")
                 self.wrote = True
         self.partial.clear()
         if not self.wrote:
