@@ -191,9 +191,6 @@ class RoutingStream:
     def write_lines(self, text: str) -> int:
         """Writes ``text`` (another member's output) where no other thread's line is open."""
         me = threading.get_ident()
-        open_line = self._open
-        if open_line is None or open_line[0] == me:
-            return self.write(text)
         with self._line:
             while self._open is not None and self._open[0] != me:
                 left = self._open[1] + LINE_WAIT - time.monotonic()
