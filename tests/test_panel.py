@@ -93,6 +93,19 @@ def test_no_group_then_a_group_then_a_death(kernel):
     pids = worker_pids(kernel)
     assert {m["name"]: m["pid"] for m in snap["members"]} == pids
 
+    # the channel matrix names the paths that carried tensors (the panel shows them under
+    # TensorPipe's transport / channel): here rpcnb's shared memory, and no UCX
+    kernel.execute("import torch\nt = torch.ones(1024, 1024)")
+    kernel.execute("%%remote worker1 --push t --fetch\nt.sum().item()")
+    # the snapshots sent while the cell ran went to its reader: ask for the picture again
+    send(kernel, comm_id, {"type": "watch", "detail": "full"})
+    snap = wait_for(kernel, comm_id, snapshot_where(
+        lambda s: "rpcnb_shm" in s["traffic"]["matrix"]["worker0->worker1"]["paths"]))["snapshot"]
+    cell = snap["traffic"]["matrix"]["worker0->worker1"]
+    assert cell["paths"]["rpcnb_shm"] == {"tensors": 1, "bytes": 4 << 20}
+    assert cell["ucx"] is None and cell["transport"] and cell["channel"]
+    assert snap["traffic"]["matrix"]["worker0->worker2"]["paths"] == {}
+
     # the status item's level: the counts, none of the costly parts
     send(kernel, comm_id, {"type": "watch", "detail": "summary"})
     snap = wait_for(kernel, comm_id, snapshot_where(lambda s: "rrefs" not in s))["snapshot"]

@@ -17,6 +17,7 @@ import { Widget } from '@lumino/widgets';
 
 import {
   age,
+  cellText,
   Connection,
   describe,
   ISnapshot,
@@ -380,11 +381,20 @@ class RpcPanel extends Widget {
       row.append(el('th', '', a));
       for (const b of traffic.members) {
         const cell = traffic.matrix[`${a}->${b}`];
-        const td = el('td', '', cell ? `${cell.transport} / ${cell.channel}` : '');
+        const td = el('td');
         if (cell) {
+          // as the channel monitor: TensorPipe's path, then UCX's transport and the
+          // tensors that took rpcnb's own paths on this pair, where there were any
+          const text = cellText(cell);
           td.dataset.pair = `${a}->${b}`;
-          td.title = `${cell.reason}; ${cell.calls} calls` +
-            (cell.p50_ms !== null && cell.p50_ms !== undefined ? `, p50 ${cell.p50_ms.toFixed(2)} ms` : '');
+          td.title = text.title;
+          td.append(el('div', 'rpcnb-panel-path', text.path));
+          if (text.ucx) {
+            td.append(el('div', 'rpcnb-panel-path rpcnb-panel-ucx', text.ucx));
+          }
+          if (text.paths) {
+            td.append(el('div', 'rpcnb-panel-paths', text.paths));
+          }
         }
         row.append(td);
       }

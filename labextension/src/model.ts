@@ -44,12 +44,25 @@ export interface IRRef {
   preview?: string;
 }
 
+/** The tensors that took one of rpcnb's own paths on a pair, and their bytes. */
+export interface IPathCount {
+  tensors: number;
+  bytes: number;
+}
+
+/** One ordered pair of the channel matrix (rpcnb/traffic.py's ``Picture.matrix``). */
 export interface ICell {
   transport: string;
   channel: string;
   reason: string;
+  devices?: { [pair: string]: string };
   calls: number;
   p50_ms: number | null;
+  bytes_per_s?: number | null;
+  /** the tensors that took rpcnb's own paths ("rpcnb_shm", "zero_copy", "ucx: tcp"...) */
+  paths?: { [path: string]: IPathCount };
+  /** the UCX transport of the latest tensor sent over UCX ("ucx: cma"), or null */
+  ucx?: string | null;
 }
 
 export interface ITraffic {
@@ -226,4 +239,33 @@ export function sparkline(points: number[][], width: number, height: number): st
       return `${x.toFixed(1)},${y.toFixed(1)}`;
     })
     .join(' ');
+}
+
+/** What one cell of the channel matrix shows, as the channel monitor's matrix does
+ * (rpcnb/widgets/channel_monitor.js): TensorPipe's transport / channel; under it the
+ * UCX transport of the latest tensor sent over UCX ("ucx: cma"; "" if none); under that
+ * the tensors that took rpcnb's own paths ("rpcnb_shm ×2 · ucx: cma ×1"; "" if none);
+ * and the tooltip (why that channel, the calls, their median latency, each path's bytes). */
+export interface ICellText {
+  path: string;
+  ucx: string;
+  paths: string;
+  title: string;
+}
+
+export function cellText(cell: ICell): ICellText {
+  const paths = Object.entries(cell.paths ?? {});
+  let title = `${cell.reason}; ${cell.calls} calls`;
+  if (cell.p50_ms !== null && cell.p50_ms !== undefined) {
+    title += `, p50 ${cell.p50_ms.toFixed(2)} ms`;
+  }
+  for (const [p, v] of paths) {
+    title += `\n${p}: ${v.tensors} ${v.tensors === 1 ? 'tensor' : 'tensors'}, ${bytes(v.bytes)}`;
+  }
+  return {
+    path: `${cell.transport || '?'} / ${cell.channel || '?'}`,
+    ucx: cell.ucx ?? '',
+    paths: paths.map(([p, v]) => `${p} ×${v.tensors}`).join(' · '),
+    title
+  };
 }

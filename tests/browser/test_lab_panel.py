@@ -6,7 +6,9 @@ in the panel and the status item within 5 s; after %rpc_shutdown the panel says 
 no group; its form starts a group and its button shuts it down; after a kernel restart it
 says rpcnb is not loaded, and connects again after %load_ext rpcnb. Screenshots go to the
 test's tmp_path (and to docs/_static/ with RPCNB_UPDATE_SCREENSHOTS=1), checked not to be
-blank either way.
+blank either way. In a group started with --ucx, a tensor pushed to worker1 travels over
+UCX, and the panel's channel matrix and the channel monitor both name UCX's transport
+("ucx: cma" on one host) for worker0 -> worker1, as the kernel reports it.
 
 The extension is the one `make` built and installed (labextension/, shared data of the
 editable install); the test fails if JupyterLab does not list it.
@@ -14,6 +16,7 @@ editable install); the test fails if JupyterLab does not list it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -23,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import children_of
 from test_lab_widgets import (
     CHROMIUM,
@@ -41,6 +45,17 @@ CELLS = [
     "%rpc_shutdown",
     "%load_ext rpcnb",
 ]
+
+
+UCX_CELLS = [
+    "%load_ext rpcnb\n%rpc_init --workers 1 --ucx",
+    "import torch\nt = torch.ones(1024, 1024)  # 4 MB: above the UCX path's 1 MB threshold",
+    "%%remote worker1 --push t --fetch\nt.sum().item()",
+    "from rpcnb import ucx\nprint('UCX transport:', ucx.transports()['worker1'])",
+    "%rpc_channels",
+    "%rpc_shutdown",
+]
+NO_UCX = "the ucx extra is not installed: pip install -e '.[test]' (ucxx-cu12)"
 
 
 def not_blank(png: Path) -> None:
@@ -185,3 +200,69 @@ def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
         DOCS_STATIC.mkdir(parents=True, exist_ok=True)
         for name in ("panel.png", "panel-dead.png"):
             shutil.copy(shots / name, DOCS_STATIC / name)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ucxx") is None, reason=NO_UCX)
+def test_panel_and_monitor_show_the_ucx_path(lab, tmp_path):  # noqa: F811 (the fixture)
+    """One JupyterLab for both front ends (starting another costs more than the test)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    write_notebook(lab["root"] / "ucx.ipynb", UCX_CELLS, kernel="rpcnb")
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        lab["started"].update(children_of(os.getpid()))
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        try:
+            open_notebook(page, lab, "ucx.ipynb", kernel="rpcnb")
+            page.locator(".rpcnb-status-item").click()
+            panel = page.locator("#rpcnb-panel")
+            expect(panel).to_be_visible()
+            widen(page, panel)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+
+            run_cell(page, 0)
+            lab["started"].update(children_of(lab["pid"]))
+            expect(panel.locator("table.rpcnb-panel-members tr[data-member]")).to_have_count(2)
+            pair = panel.locator("td[data-pair='worker0->worker1']")
+            expect(pair.locator(".rpcnb-panel-path")).to_have_count(1)  # nothing over UCX yet
+            expect(pair.locator(".rpcnb-panel-paths")).to_have_count(0)
+
+            for i in (1, 2, 3):
+                run_cell(page, i)
+            expect(cells.nth(2).locator(".jp-OutputArea-output")).to_contain_text("1048576")
+            said = cells.nth(3).locator(".jp-OutputArea-output").inner_text()
+            found = re.search(r"UCX transport: (\w+)", said)
+            assert found, said  # the kernel knows which UCX transport carried the tensor
+            ucx_path = f"ucx: {found.group(1)}"
+
+            # the panel: TensorPipe's path, UCX's transport under it, the tensor it carried
+            expect(pair.locator(".rpcnb-panel-ucx")).to_have_text(ucx_path)
+            expect(pair.locator(".rpcnb-panel-paths")).to_have_text(f"{ucx_path} ×1")
+            expect(pair.locator(".rpcnb-panel-path").first).to_have_text(re.compile(r"^\S+ / \S+$"))
+            assert f"{ucx_path}: 1 tensor, 4.0 MB" in pair.get_attribute("title")
+            expect(panel.locator("td[data-pair='worker1->worker0'] .rpcnb-panel-ucx")) \
+                .to_have_count(0)  # nothing came back over UCX
+            panel.locator(".rpcnb-panel-body").screenshot(path=str(shots / "panel-ucx.png"))
+
+            # the channel monitor says the same for the pair
+            run_cell(page, 4)
+            monitor = page.locator(".rpcnb-monitor")
+            expect(monitor).to_be_visible()
+            cell = monitor.locator("td[data-pair='worker0->worker1']")
+            expect(cell.locator(".rpcnb-ucx")).to_have_text(ucx_path)
+            expect(cell.locator(".rpcnb-paths")).to_have_text(f"{ucx_path} ×1")
+
+            run_cell(page, 5)
+            expect(panel.locator(".rpcnb-panel-message")).to_contain_text("No group in this kernel")
+        except BaseException:
+            page.screenshot(path=str(shots / "failure.png"))
+            raise
+        finally:
+            lab["started"].update(children_of(lab["pid"]))
+            browser.close()
+    not_blank(shots / "panel-ucx.png")
+    if os.environ.get("RPCNB_UPDATE_SCREENSHOTS") == "1":
+        DOCS_STATIC.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shots / "panel-ucx.png", DOCS_STATIC / "panel-ucx.png")

@@ -1,7 +1,9 @@
 import {
   age,
   bytes,
+  cellText,
   Connection,
+  ICell,
   describe as describeConn,
   IMember,
   ISnapshot,
@@ -97,5 +99,42 @@ describe('formatting', () => {
     const pts = sparkline([[0, 1], [5, 2], [10, 4]], 100, 10).split(' ');
     expect(pts).toEqual(['0.0,7.5', '50.0,5.0', '100.0,0.0']);
     expect(sparkline([], 100, 10)).toBe('');
+  });
+});
+
+describe('channel matrix cell', () => {
+  function cell(extra: Partial<ICell> = {}): ICell {
+    return { transport: 'uv', channel: 'cma', reason: 'uv: TCP; cma: same host', calls: 4,
+             p50_ms: 1.5, paths: {}, ucx: null, ...extra };
+  }
+
+  it('shows TensorPipe\'s path alone while no tensor took one of rpcnb\'s', () => {
+    const t = cellText(cell());
+    expect(t.path).toBe('uv / cma');
+    expect(t.ucx).toBe('');
+    expect(t.paths).toBe('');
+    expect(t.title).toBe('uv: TCP; cma: same host; 4 calls, p50 1.50 ms');
+  });
+
+  it('shows the UCX transport and the paths that carried tensors, as the monitor does', () => {
+    const t = cellText(cell({
+      ucx: 'ucx: cma',
+      paths: { 'ucx: cma': { tensors: 1, bytes: 4 << 20 },
+               rpcnb_shm: { tensors: 3, bytes: 3 << 20 } }
+    }));
+    expect(t.path).toBe('uv / cma');
+    expect(t.ucx).toBe('ucx: cma');
+    expect(t.paths).toBe('ucx: cma ×1 · rpcnb_shm ×3');
+    expect(t.title).toContain('\nucx: cma: 1 tensor, 4.0 MB');
+    expect(t.title).toContain('\nrpcnb_shm: 3 tensors, 3.0 MB');
+  });
+
+  it('takes a kernel that sends neither paths nor ucx (an older rpcnb) and an unknown pair', () => {
+    const t = cellText({ transport: '?', channel: '?', reason: 'joined moments ago',
+                         calls: 0, p50_ms: null });
+    expect(t.path).toBe('? / ?');
+    expect(t.ucx).toBe('');
+    expect(t.paths).toBe('');
+    expect(t.title).toBe('joined moments ago; 0 calls');
   });
 });
