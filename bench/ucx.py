@@ -9,8 +9,10 @@ Two sections. ``one_host``: each path a fresh group (``rpcnb.init(1, ...)``) in 
 process. ``two_namespaces``: the worker is a headless ``python -m rpcnb.worker --join``
 in a second network namespace joined by a veth pair (the issue's "two hosts"; needs root
 and iproute2, else the section says why it was skipped), TensorPipe uv against UCX (over
-TCP there). A send is rpcnb's ``probe_sink`` request (the tensor as its argument), timed
-until the worker has the tensor and answered. ``bare ucxx`` is the same transfer between
+TCP there), both in one group with ``--ucx``, taking turns call by call (a TensorPipe
+call sends the same tensor inside ``rpcnb.shm.suppressed()``). A send is rpcnb's
+``probe_sink`` request (the tensor as its argument), timed until the worker has the
+tensor and answered. ``bare ucxx`` is the same transfer between
 two processes with ucxx alone (a receive posted into a buffer written once before, the
 sender told over a pipe): what UCX itself does on this machine, without rpcnb. Medians
 of the repetitions after one warm-up; ratios are UCX's time over the other path's (below
@@ -39,34 +41,46 @@ ONE_HOST = {  # name -> rpcnb.init keywords
     "rpcnb_shm": {"shm": True},
     "ucx": {"shm": False, "ucx": True},
 }
-TWO_NAMESPACES = {"tensorpipe_uv": False, "ucx": True}  # name -> the worker's --ucx
 LABELS = {"tensorpipe_uv": "TensorPipe uv", "rpcnb_shm": "rpcnb shm", "ucx": "UCX",
           "bare_ucxx": "bare ucxx"}
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _time_sends(name: str, sizes: list[int], reps: int) -> dict[str, Any]:
+def _time_sends(name: str, sizes: list[int], reps: int,
+                paths: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Times sends to ``name``; with ``paths`` (label -> a context manager factory), each
+    label's sends in turns with the others', size by size, and a result per label."""
     import torch
 
     from rpcnb import protocol, state, ucx
 
     s = state.current()
-    out: dict[str, Any] = {}
+    turns = paths or {"": contextlib.nullcontext}
+    out: dict[str, Any] = {label: {} for label in turns}
     for mb in sizes:
         t = torch.ones(mb * MB // 4)
-        samples = []
+        samples: dict[str, list[float]] = {label: [] for label in turns}
         for i in range(reps + 1):
-            t0 = time.perf_counter()
-            got = protocol.call(s.token, name, "probe_sink", t, timeout=None)
-            dt = time.perf_counter() - t0
-            assert got == mb * MB, got
-            if i:  # the first one opens connections and endpoints
-                samples.append(dt)
-        out[str(mb)] = {"median_ms": statistics.median(samples) * 1e3,
-                        "samples_ms": [round(x * 1e3, 2) for x in samples]}
+            for label, how in turns.items():
+                before = ucx.stats()["sent"]
+                with how():
+                    t0 = time.perf_counter()
+                    got = protocol.call(s.token, name, "probe_sink", t, timeout=None)
+                    dt = time.perf_counter() - t0
+                assert got == mb * MB, got
+                took_ucx = ucx.stats()["sent"] > before
+                assert took_ucx == ("ucx" in label or (not label and ucx.is_active())), \
+                    f"{label or 'the send'}: took UCX {took_ucx}"
+                if i:  # the first one opens connections and endpoints
+                    samples[label].append(dt)
+        for label, xs in samples.items():
+            out[label][str(mb)] = {"median_ms": statistics.median(xs) * 1e3,
+                                   "samples_ms": [round(x * 1e3, 2) for x in xs]}
     if s.options.get("ucx"):
-        out["ucx_transport"] = ucx.transports().get(name, "?")
-    return out
+        for label in turns:
+            if "ucx" in label or not label:
+                out[label]["ucx_transport"] = ucx.transports().get(name, "?")
+    return out if paths else out[""]
 
 
 def time_path(kwargs: dict[str, Any], sizes: list[int], reps: int) -> dict[str, Any]:
@@ -193,9 +207,11 @@ def veth_pair() -> Iterator[dict[str, str]]:
 def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
                 reps: int) -> dict[str, Any]:
     """This process leads a group on the veth address; a headless worker in the other
-    namespace joins it (with ``--ucx`` when ``ucx_on``)."""
+    namespace joins it (with ``--ucx`` when ``ucx_on``). With UCX, its sends take turns
+    with TensorPipe's (the same tensor inside ``shm.suppressed()``, which turns rpcnb's
+    paths off for the call): {"tensorpipe_uv": ..., "ucx": ...}."""
     import rpcnb
-    from rpcnb import state
+    from rpcnb import shm, state
 
     rpcnb.init(0, port=0, host=net["addr"], allow_remote=True, ucx=ucx_on)
     proc = None
@@ -218,7 +234,9 @@ def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the worker in the other namespace did not join")
                 time.sleep(0.2)
-        return _time_sends("worker1", sizes, reps)
+        return _time_sends("worker1", sizes, reps,
+                           {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext}
+                           if ucx_on else None)
     finally:
         rpcnb.shutdown()
         if proc is not None:
@@ -269,9 +287,9 @@ def two_namespaces(sizes: list[int], reps: int) -> dict[str, Any]:
         return {"skipped": why}
     out: dict[str, Any] = {"load_before": load()}
     with veth_pair() as net:
-        for name, ucx_on in TWO_NAMESPACES.items():
-            print(f"bench.ucx: two namespaces, {name} ...", file=sys.stderr, flush=True)
-            out[name] = time_across(net, ucx_on, sizes, reps)
+        print("bench.ucx: two namespaces, TensorPipe uv and UCX in turns ...",
+              file=sys.stderr, flush=True)
+        out.update(time_across(net, True, sizes, reps))
         print("bench.ucx: two namespaces, bare ucxx ...", file=sys.stderr, flush=True)
         out["bare_ucxx"] = time_bare(sizes, reps, ["ip", "netns", "exec", net["ns"]],
                                      net["here"], net["there"], True)

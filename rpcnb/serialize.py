@@ -132,17 +132,15 @@ def _kind(obj: Any) -> str:
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
     """A CPU tensor already in shared memory goes by handle to a same-host peer
-    (``rpcnb.zerocopy``); large tensors take the UCX path in a group that asked for it
-    (``rpcnb.ucx``: the sender records the transfer when it is pulled); other large CPU
-    tensors to a same-host peer take rpcnb's shared-memory path."""
+    (``rpcnb.zerocopy``); other large CPU tensors to a same-host peer take rpcnb's
+    shared-memory path (faster on one host than UCX, docs/ucx.md), or, without room
+    there, UCX in a group that asked for it; large tensors take the UCX path in such a
+    group otherwise, CUDA tensors and tensors to other hosts (``rpcnb.ucx``: the sender
+    records the transfer when it is pulled)."""
     if tensor.device.type == "cpu":
         shared = zerocopy.export(tensor)
         if shared is not None:
             return shared
-    if ucx.wants(tensor):
-        reduced = ucx.export(tensor)
-        if reduced is not None:
-            return reduced
     if shm.wants(tensor):
         start, t0 = telemetry.now(), time.perf_counter()
         reduced = shm.export(tensor)
@@ -150,6 +148,10 @@ def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
             telemetry.record(telemetry.current_peer(), "tensor", start,
                              time.perf_counter() - t0,
                              tensor.element_size() * tensor.nelement(), channel="rpcnb_shm")
+            return reduced
+    if ucx.wants(tensor):
+        reduced = ucx.export(tensor)
+        if reduced is not None:
             return reduced
     return fallback(tensor)
 

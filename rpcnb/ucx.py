@@ -350,8 +350,9 @@ def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
 
 
 def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
-    """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
-    error naming ``peer`` when it dies, fails, or the group ends first."""
+    """Drive the worker until ``req`` completes; an error naming ``peer`` when it dies,
+    the transfer fails, the sender's answer ``fut`` reports a failure, or the group ends
+    first."""
     timeout = float(s.options.get("timeout", 60.0))
     deadline = time.monotonic() + timeout
     idle = 0
@@ -368,12 +369,8 @@ def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
             except Exception as exc:
                 reason = f"UCX: {exc}"
                 break
-            if fut is not None:
-                try:
-                    fut.wait()
-                except Exception as exc:
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    break
+            # the data is here: the sender's answer to the pull (its transport, for its
+            # own telemetry) is not waited for, which saves a message's latency
             return
         if peer in s.dead:
             reason = f"{peer} died ({s.dead[peer]})"

@@ -57,8 +57,10 @@ def add_one_in_place(t):
 
 @pytest.fixture
 def ucx_group():
+    """Two workers on this host with UCX, rpcnb's shared memory off (on, it carries CPU
+    tensors on one host: test_on_one_host_cpu_tensors_keep_rpcnbs_shared_memory)."""
     seen: set[int] = set()
-    rpcnb.init(2, ucx=True)
+    rpcnb.init(2, ucx=True, shm=False)
     try:
         yield seen
     finally:
@@ -154,9 +156,22 @@ def test_telemetry_names_the_ucx_transport(ucx_group):
             assert host in ("127.0.0.1", "::1"), (pid, listened)
 
 
-def test_magics_take_ucx_and_channels_show_it(kernel):
+def test_on_one_host_cpu_tensors_keep_rpcnbs_shared_memory(kernel):
+    """``--ucx`` never makes a one-host transfer slower: a CPU tensor keeps rpcnb's
+    shared memory there (faster than UCX's CMA, bench.ucx), UCX carries the rest."""
     kernel.execute("%load_ext rpcnb")
     kernel.execute("%rpc_init --workers 1 --ucx")
+    kernel.execute("import torch\nbig = torch.ones(2**21)")
+    kernel.execute("%%remote worker1 --push big --fetch -o back\nbig * 3")
+    assert kernel.value("float(back.sum())") == 3.0 * 2 * MB
+    assert kernel.value("__import__('rpcnb.ucx').ucx.stats()['received']") == 0
+    assert kernel.value("__import__('rpcnb.shm').shm.stats()['sent']") >= 1
+    kernel.execute("%rpc_shutdown")
+
+
+def test_magics_take_ucx_and_channels_show_it(kernel):
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1 --ucx --no-shm")
     kernel.execute("import torch\nbig = torch.ones(2**21)")
     kernel.execute("%%remote worker1 --push big --fetch -o back\nbig * 3")
     assert kernel.value("float(back.sum())") == 3.0 * 2 * MB
@@ -350,12 +365,12 @@ def _threads_and_fds() -> tuple[int, int]:
 def test_nothing_left_after_shutdown():
     seen: set[int] = set()
     try:
-        rpcnb.init(1)  # the same group without UCX: what torch and rpcnb leave anyway
+        rpcnb.init(1, shm=False)  # the same group without UCX: what torch and rpcnb leave
         rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
         seen.update(children_of(os.getpid()))
         rpcnb.shutdown()
         plain = _threads_and_fds()
-        rpcnb.init(1, ucx=True)
+        rpcnb.init(1, ucx=True, shm=False)
         rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
         assert ucx.stats()["endpoints"] == 1
         seen.update(children_of(os.getpid()))

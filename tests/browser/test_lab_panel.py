@@ -6,7 +6,8 @@ in the panel and the status item within 5 s; after %rpc_shutdown the panel says 
 no group; its form starts a group and its button shuts it down; after a kernel restart it
 says rpcnb is not loaded, and connects again after %load_ext rpcnb. Screenshots go to the
 test's tmp_path (and to docs/_static/ with RPCNB_UPDATE_SCREENSHOTS=1), checked not to be
-blank either way. In a group started with --ucx, a tensor pushed to worker1 travels over
+blank either way. In a group started with --ucx --no-shm (rpcnb's shared memory would carry a
+CPU tensor on one host), a tensor pushed to worker1 travels over
 UCX, and the panel's channel matrix and the channel monitor both name UCX's transport
 ("ucx: cma" on one host) for worker0 -> worker1, as the kernel reports it.
 
@@ -48,7 +49,7 @@ CELLS = [
 
 
 UCX_CELLS = [
-    "%load_ext rpcnb\n%rpc_init --workers 1 --ucx",
+    "%load_ext rpcnb\n%rpc_init --workers 1 --ucx --no-shm",
     "import torch\nt = torch.ones(1024, 1024)  # 4 MB: above the UCX path's 1 MB threshold",
     "%%remote worker1 --push t --fetch\nt.sum().item()",
     "from rpcnb import ucx\nprint('UCX transport:', ucx.transports()['worker1'])",
