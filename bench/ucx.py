@@ -211,7 +211,7 @@ def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
     with TensorPipe's (the same tensor inside ``shm.suppressed()``, which turns rpcnb's
     paths off for the call): {"tensorpipe_uv": ..., "ucx": ...}."""
     import rpcnb
-    from rpcnb import shm, state
+    from rpcnb import shm, state, ucx
 
     rpcnb.init(0, port=0, host=net["addr"], allow_remote=True, ucx=ucx_on)
     proc = None
@@ -234,9 +234,15 @@ def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the worker in the other namespace did not join")
                 time.sleep(0.2)
-        return _time_sends("worker1", sizes, reps,
-                           {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext}
-                           if ucx_on else None)
+        # the UCX path at every size (rpcnb sends below RPCNB_UCX_TCP_THRESHOLD over
+        # TensorPipe once it knows the peer is over TCP: these figures are why)
+        ucx.tcp_threshold = 0
+        try:
+            return _time_sends("worker1", sizes, reps,
+                               {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext}
+                               if ucx_on else None)
+        finally:
+            ucx.tcp_threshold = ucx.DEFAULT_TCP_THRESHOLD
     finally:
         rpcnb.shutdown()
         if proc is not None:
@@ -310,7 +316,7 @@ def run(quick: bool = False, section: str = "all",
         print("bench.ucx: skipped, the ucx extra is not installed: pip install 'rpcnb[ucx]'",
               file=sys.stderr)
         return None
-    sizes = [10, 100] if quick else [10, 50, 100, 256, 512]
+    sizes = [10, 100] if quick else [1, 4, 10, 16, 32, 50, 100, 256, 512]
     reps = 3 if quick else 7
     results: dict[str, Any] = {"sizes_mb": sizes, "repetitions": reps,
                                "cpus": os.cpu_count()}

@@ -44,7 +44,12 @@ PULL = "ucx_pull"
 HUGE = 2 << 20  # a transparent huge page
 MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
 
+DEFAULT_TCP_THRESHOLD = 32 << 20  # where UCX over TCP overtakes TensorPipe (docs/ucx.md)
+
 _threshold = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
+# to a peer that UCX reaches over TCP (known after the first transfer), and in a reply
+# when every peer so far is over TCP: below it, TensorPipe's own TCP is faster
+tcp_threshold = int(os.environ.get("RPCNB_UCX_TCP_THRESHOLD", DEFAULT_TCP_THRESHOLD))
 _pool_limit = int(os.environ.get("RPCNB_UCX_POOL_BYTES", DEFAULT_POOL_BYTES))
 _idle = float(os.environ.get("RPCNB_UCX_IDLE_S", 30))
 _lock = threading.RLock()  # one worker, driven from several threads: one at a time
@@ -171,8 +176,18 @@ def wants(tensor: Any) -> bool:
         and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
         and tensor.layout == torch.strided
         and not tensor.is_quantized
-        and tensor.element_size() * tensor.nelement() >= _threshold
+        and tensor.element_size() * tensor.nelement() >= _threshold_to(telemetry.current_peer())
     )
+
+
+def _threshold_to(peer: str) -> int:
+    """The size from which a tensor to ``peer`` ('' in a reply) takes UCX."""
+    with _lock:
+        known = [_transports[peer]] if peer in _transports else (
+            list(_transports.values()) if not peer else [])
+    if known and all(t == "tcp" for t in known):
+        return max(_threshold, tcp_threshold)
+    return _threshold
 
 
 def _sweep(s: Any, now: float) -> None:
@@ -350,9 +365,8 @@ def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
 
 
 def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
-    """Drive the worker until ``req`` completes; an error naming ``peer`` when it dies,
-    the transfer fails, the sender's answer ``fut`` reports a failure, or the group ends
-    first."""
+    """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
+    error naming ``peer`` when it dies, fails, or the group ends first."""
     timeout = float(s.options.get("timeout", 60.0))
     deadline = time.monotonic() + timeout
     idle = 0
@@ -369,8 +383,14 @@ def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
             except Exception as exc:
                 reason = f"UCX: {exc}"
                 break
-            # the data is here: the sender's answer to the pull (its transport, for its
-            # own telemetry) is not waited for, which saves a message's latency
+            if fut is not None:
+                # the sender's answer: once it is here, its telemetry has the transfer
+                # (not waiting would save a message's latency, 1-2 ms)
+                try:
+                    fut.wait()
+                except Exception as exc:
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    break
             return
         if peer in s.dead:
             reason = f"{peer} died ({s.dead[peer]})"

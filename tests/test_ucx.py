@@ -325,6 +325,18 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
         # a function of the notebook's (torch's builtin ops take TorchScript's path)
         kernel.execute("import torch.distributed.rpc as rpc\nfrom rpcnb import ucx\n"
                        "def echo(t):\n    return t\n_before = ucx.stats()")
+        # below RPCNB_UCX_TCP_THRESHOLD (32 MB) TensorPipe's TCP is faster than UCX's: the
+        # first tensor takes UCX, which finds TCP to the peer, and the next one TensorPipe
+        for _ in range(2):
+            assert kernel.value("(lambda x: bool(torch.equal(rpc.rpc_sync('worker2', echo, "
+                                "args=(x,)), x)))(torch.rand(2**20))") is True
+        assert kernel.value("ucx.stats()['sent'] - _before['sent']") == 1
+        assert kernel.value("ucx.transports()['worker2']") == "tcp"
+        # every dtype over UCX across the namespaces, with the TCP threshold at 1 MB here
+        # and on worker2 (which sends the replies)
+        kernel.execute("ucx.tcp_threshold = 2**20\n"
+                       "rpcnb.run('worker2', 'from rpcnb import ucx\\nucx.tcp_threshold = 2**20')\n"
+                       "_before = ucx.stats()")
         for dtype in ("float32", "float64", "int64", "bfloat16", "bool"):
             same = kernel.value(
                 f"(lambda x: bool(torch.equal(rpc.rpc_sync('worker2', echo, "
