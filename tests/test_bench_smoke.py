@@ -24,7 +24,7 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     assert not data["errors"]
     results = data["results"]
     for key in ("roundtrip", "transfer", "fanout", "startup", "startup_cold_warm", "curves",
-                "idle"):
+                "idle", "notebook_code"):
         assert results.get(key), f"no {key} figures"
     sizes = results["curves"]["one_way"]["sizes"]
     for entry in sizes.values():  # every path measured at every size, every sample kept
@@ -36,6 +36,7 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     assert data["targets"], "the issue's targets are reported next to the figures"
     assert "tensorpipe" in data["table"] and "memcpy" in data["table"]
     assert any(t["target"].startswith("idle group") for t in data["targets"])
+    assert any(t["target"].startswith("pasted batched RL") for t in data["targets"])
 
     # the docs' generated block and figures, from that JSON
     page = tmp_path / "docs" / "page.md"
