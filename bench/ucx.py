@@ -47,15 +47,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _time_sends(name: str, sizes: list[int], reps: int,
-                paths: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Times sends to ``name``; with ``paths`` (label -> a context manager factory), each
-    label's sends in turns with the others', size by size, and a result per label."""
+                turns: dict[str, Any]) -> dict[str, Any]:
+    """Times sends to ``name``, size by size, the paths in ``turns`` (label -> a context
+    manager factory that makes a send take it) taking turns; a result per label. A send
+    labelled ``ucx`` must have gone over UCX, any other must not have."""
     import torch
 
     from rpcnb import protocol, state, ucx
 
     s = state.current()
-    turns = paths or {"": contextlib.nullcontext}
     out: dict[str, Any] = {label: {} for label in turns}
     for mb in sizes:
         t = torch.ones(mb * MB // 4)
@@ -69,26 +69,25 @@ def _time_sends(name: str, sizes: list[int], reps: int,
                     dt = time.perf_counter() - t0
                 assert got == mb * MB, got
                 took_ucx = ucx.stats()["sent"] > before
-                assert took_ucx == ("ucx" in label or (not label and ucx.is_active())), \
-                    f"{label or 'the send'}: took UCX {took_ucx}"
+                assert took_ucx == (label == "ucx"), f"{label}: took UCX {took_ucx}"
                 if i:  # the first one opens connections and endpoints
                     samples[label].append(dt)
         for label, xs in samples.items():
             out[label][str(mb)] = {"median_ms": statistics.median(xs) * 1e3,
                                    "samples_ms": [round(x * 1e3, 2) for x in xs]}
-    if s.options.get("ucx"):
-        for label in turns:
-            if "ucx" in label or not label:
-                out[label]["ucx_transport"] = ucx.transports().get(name, "?")
-    return out if paths else out[""]
+    if "ucx" in out:
+        out["ucx"]["ucx_transport"] = ucx.transports().get(name, "?")
+    return out
 
 
-def time_path(kwargs: dict[str, Any], sizes: list[int], reps: int) -> dict[str, Any]:
+def time_path(label: str, kwargs: dict[str, Any], sizes: list[int],
+              reps: int) -> dict[str, Any]:
+    """``label``'s sends to the worker of a fresh one-worker group made with ``kwargs``."""
     import rpcnb
 
     rpcnb.init(1, **kwargs)
     try:
-        return _time_sends("worker1", sizes, reps)
+        return _time_sends("worker1", sizes, reps, {label: contextlib.nullcontext})[label]
     finally:
         rpcnb.shutdown()
 
@@ -204,16 +203,15 @@ def veth_pair() -> Iterator[dict[str, str]]:
         yield net
 
 
-def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
-                reps: int) -> dict[str, Any]:
-    """This process leads a group on the veth address; a headless worker in the other
-    namespace joins it (with ``--ucx`` when ``ucx_on``). With UCX, its sends take turns
-    with TensorPipe's (the same tensor inside ``shm.suppressed()``, which turns rpcnb's
-    paths off for the call): {"tensorpipe_uv": ..., "ucx": ...}."""
+def time_across(net: dict[str, str], sizes: list[int], reps: int) -> dict[str, Any]:
+    """This process leads a group with UCX on the veth address; a headless worker in the
+    other namespace joins it with ``--ucx``. Sends over UCX take turns with TensorPipe's
+    (the same tensor inside ``shm.suppressed()``, which turns rpcnb's paths off for the
+    call): {"tensorpipe_uv": ..., "ucx": ...}."""
     import rpcnb
     from rpcnb import shm, state, ucx
 
-    rpcnb.init(0, port=0, host=net["addr"], allow_remote=True, ucx=ucx_on)
+    rpcnb.init(0, port=0, host=net["addr"], allow_remote=True, ucx=True)
     proc = None
     try:
         s = state.current()
@@ -226,7 +224,7 @@ def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
             proc = subprocess.Popen(
                 ["ip", "netns", "exec", net["ns"], sys.executable, "-m", "rpcnb.worker",
                  "--join", s.init_method, "--token-file", str(token), "--name", "worker1",
-                 *(["--ucx"] if ucx_on else [])],
+                 "--ucx"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=dict(env, PYTHONPATH=str(REPO)))
             deadline = time.monotonic() + 120
@@ -236,13 +234,12 @@ def time_across(net: dict[str, str], ucx_on: bool, sizes: list[int],
                 time.sleep(0.2)
         # the UCX path at every size (rpcnb sends below RPCNB_UCX_TCP_THRESHOLD over
         # TensorPipe once it knows the peer is over TCP: these figures are why)
-        ucx.tcp_threshold = 0
+        kept, ucx.tcp_threshold = ucx.tcp_threshold, 0
         try:
             return _time_sends("worker1", sizes, reps,
-                               {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext}
-                               if ucx_on else None)
+                               {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext})
         finally:
-            ucx.tcp_threshold = ucx.DEFAULT_TCP_THRESHOLD
+            ucx.tcp_threshold = kept
     finally:
         rpcnb.shutdown()
         if proc is not None:
@@ -279,7 +276,7 @@ def one_host(sizes: list[int], reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": load()}
     for name, kwargs in ONE_HOST.items():
         print(f"bench.ucx: one host, {name} ...", file=sys.stderr, flush=True)
-        out[name] = time_path(kwargs, sizes, reps)
+        out[name] = time_path(name, kwargs, sizes, reps)
     print("bench.ucx: one host, bare ucxx ...", file=sys.stderr, flush=True)
     out["bare_ucxx"] = time_bare(sizes, reps, [], "lo", "lo", False)
     out["load_after"] = load()
@@ -295,7 +292,7 @@ def two_namespaces(sizes: list[int], reps: int) -> dict[str, Any]:
     with veth_pair() as net:
         print("bench.ucx: two namespaces, TensorPipe uv and UCX in turns ...",
               file=sys.stderr, flush=True)
-        out.update(time_across(net, True, sizes, reps))
+        out.update(time_across(net, sizes, reps))
         print("bench.ucx: two namespaces, bare ucxx ...", file=sys.stderr, flush=True)
         out["bare_ucxx"] = time_bare(sizes, reps, ["ip", "netns", "exec", net["ns"]],
                                      net["here"], net["there"], True)

@@ -131,12 +131,10 @@ def _kind(obj: Any) -> str:
 
 
 def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
-    """A CPU tensor already in shared memory goes by handle to a same-host peer
-    (``rpcnb.zerocopy``); other large CPU tensors to a same-host peer take rpcnb's
-    shared-memory path (faster on one host than UCX, docs/ucx.md), or, without room
-    there, UCX in a group that asked for it; large tensors take the UCX path in such a
-    group otherwise, CUDA tensors and tensors to other hosts (``rpcnb.ucx``: the sender
-    records the transfer when it is pulled)."""
+    """The first path that takes ``tensor``: by handle if it is already in shared memory
+    (``rpcnb.zerocopy``); rpcnb's shared memory in a single-host group (``rpcnb.shm``;
+    faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.ucx``:
+    CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own."""
     if tensor.device.type == "cpu":
         shared = zerocopy.export(tensor)
         if shared is not None:
