@@ -197,8 +197,6 @@ class RoutingStream:
                 if left <= 0:
                     break  # a line left open (a progress bar): do not wait for it again
                 self._line.wait(left)
-            if self._open is not None and self._open[0] != me:
-                self._open = None
             return self.write(text)
 
     def flush(self) -> None:

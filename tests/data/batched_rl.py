@@ -1,9 +1,10 @@
 """The reinforcement-learning tutorial's pattern, small: an agent on worker0 answers many
 tiny ``select_action`` calls from observers on the other workers, through module-level
-helpers ``_call_method`` / ``_remote_method`` and RRefs. tests/test_notebook_speed.py runs
-it as a script (``mp.spawn``, functions sent by reference) and pasted into a kernel (the
-part above the launcher marker, functions defined in cells: rpcnb ships them by value),
-and compares the two times.
+helpers ``_call_method`` / ``_remote_method`` and RRefs. It runs as a script (``mp.spawn``,
+functions sent by reference), imported in a kernel, and pasted into a kernel (the part
+above the launcher marker, functions defined in cells: rpcnb ships them by value):
+tests/test_notebook_code_ships_once.py compares the results, bench/notebook_code.py the
+times.
 
     python batched_rl.py OUT STEPS REPEATS
 """
