@@ -143,10 +143,26 @@ docs: $(STAMP)
 # Everything that needs a GPU (gpu-marked tests, notebook 02's CUDA mode, bench/gpu.py), in
 # one table; says so and exits 0 on a machine without CUDA. It uses .venv when there is
 # one, else $(PY) with whatever PYTHONPATH provides (a GPU machine without network: GPU.md).
-.PHONY: gpu-check
+.PHONY: gpu-check gpu-wheels
 GPU_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py
+	$(GPU_PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# On this machine, before a GPU machine without network (GPU.md): the wheels that
+# gpu-check's tests need there and it lacks (Jupyter's kernel and client, nbclient for
+# notebook 02, pytest-timeout), for its Python (GPU_PYVER), into .gpu/whl (git-ignored;
+# about 20 MB, under the 64 MiB that travels). The machine's own numpy and psutil are kept
+# (torch's numpy). There: pip install --no-index --no-deps --target /tmp/site .gpu/whl/*.whl,
+# then PYTHONPATH=/tmp/site:$$PWD make gpu-check PY=python3.
+GPU_PYVER ?= 3.12
+GPU_WHEELS := ipykernel jupyter_client nbclient nbformat ipywidgets anywidget pytest-timeout
+gpu-wheels:
+	rm -rf .gpu/whl && mkdir -p .gpu/whl
+	$(PY) -m pip download -q --only-binary=:all: --python-version $(GPU_PYVER) \
+	  --implementation cp --abi cp$(subst .,,$(GPU_PYVER)) --platform manylinux2014_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .gpu/whl $(GPU_WHEELS)
+	rm -f .gpu/whl/numpy-* .gpu/whl/psutil-*
+	@du -sh .gpu/whl
 
 # The soak test with the issue's full counts (2,000 cells, 20,000 RRefs, 200 x 64 MB,
 # 200,000 lines, 50 cycles: about 10 minutes here); figures in bench/results/soak.json.

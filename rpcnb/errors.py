@@ -234,12 +234,12 @@ class CompositeRemoteError(RemoteError):
 
 UCX_MISSING = (
     "--ucx (RPCNB_UCX=1) needs the ucxx package, which is not installed here: "
-    "pip install 'rpcnb[ucx]' (in every environment the group's members run in), or leave "
-    "out --ucx."
+    "pip install 'rpcnb[{extra}]' (the one for this torch's CUDA; in every environment the "
+    "group's members run in), or leave out --ucx."
 )
 UCX_BROKEN = (
     "--ucx: ucxx is installed but does not load here ({reason}): reinstall it with "
-    "pip install --force-reinstall 'rpcnb[ucx]', or leave out --ucx."
+    "pip install --force-reinstall 'rpcnb[{extra}]', or leave out --ucx."
 )
 UCX_NOT_ON = (
     "{sender} sent a tensor over UCX, but this member ({name}) has no UCX path: join with "

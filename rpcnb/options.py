@@ -294,5 +294,33 @@ def ucx_option(flag: bool | None = None, check: bool = True) -> bool:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise errors.RpcnbError(errors.UCX_MISSING)
+            raise errors.RpcnbError(errors.UCX_MISSING.format(extra=ucx_extra()))
     return on
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version this torch was built with (``torch.version.cuda``: "13.0", or None
+    for a CPU build), read from torch's ``version.py`` without importing torch."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        found = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([0-9.]+)['\"]", text, re.M)
+        return found.group(1) if found else None
+    return None
+
+
+def ucx_extra(cuda: str | None = None) -> str:
+    """rpcnb's extra whose ucxx matches torch's CUDA major (``cuda``, by default this
+    torch's): ``ucx-cu13`` for CUDA 13, else ``ucx`` (ucxx-cu12, which also runs without a
+    GPU). ucxx's wheels pin cuda-bindings to their CUDA major, as a CUDA 13 torch does."""
+    cuda = torch_cuda_version() if cuda is None else cuda
+    return "ucx-cu13" if cuda and cuda.split(".")[0] == "13" else "ucx"

@@ -99,7 +99,8 @@ def _load() -> None:
         import ucxx._lib.libucxx as api
         from ucxx._lib.arr import Array
     except ImportError as exc:
-        raise errors.RpcnbError(errors.UCX_BROKEN.format(reason=exc)) from exc
+        raise errors.RpcnbError(errors.UCX_BROKEN.format(
+            reason=exc, extra=options.ucx_extra())) from exc
     _api, _array = api, Array
 
 

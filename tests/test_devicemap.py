@@ -461,13 +461,18 @@ def test_from_torch_options_reads_maps_set_elsewhere(options):
     assert [p.device for p in dm.validate()] == ["cuda:1"]
 
 
-def test_torch_rejects_int_devices_without_a_gpu(torch, options):
-    # Why apply and to_python write "cuda:N" and never N: torch 2.13 reads an int device
-    # as "the current accelerator" and raises where there is none.
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    with pytest.raises(RuntimeError, match="accelerator"):
+def test_torch_reads_int_devices_as_its_builds_accelerator(torch, options):
+    # Why apply and to_python write "cuda:N" and never N: torch (2.13 and 2.14 here) reads an
+    # int device as "the build's accelerator", CUDA or not, with or without a GPU; a CPU
+    # build has none and raises. "cuda:N" means the same on every build.
+    if torch.backends.cuda.is_built():
         options.set_device_map("worker1", {0: 1})
+        assert options.device_maps["worker1"] == {torch.device("cuda:0"): torch.device("cuda:1")}
+    elif getattr(torch, "accelerator", None) and torch.accelerator.current_accelerator() is None:
+        with pytest.raises(RuntimeError, match="accelerator"):
+            options.set_device_map("worker1", {0: 1})
+    else:
+        pytest.skip(f"torch {torch.__version__} has an accelerator that is not CUDA")
 
 
 def test_machine_devices_matches_torch(torch):

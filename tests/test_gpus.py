@@ -64,6 +64,28 @@ def test_a_joiner_is_checked_against_the_members_already_in():
         "worker0": {"cuda:0": "cuda:0", "cuda:1": "cuda:1"}, "worker1": {"cuda:0": "cuda:0"}}
 
 
+def test_the_ucx_extra_is_the_one_built_for_this_torchs_cuda():
+    import torch
+
+    # read from torch's version.py without importing torch, as the kernel asks before it
+    # starts anything; the same as torch's own answer, on a CPU build and on CUDA builds
+    assert options.torch_cuda_version() == torch.version.cuda
+    assert options.ucx_extra("13.0") == "ucx-cu13"
+    assert options.ucx_extra("12.8") == "ucx"
+    assert options.ucx_extra() == (
+        "ucx-cu13" if (torch.version.cuda or "").startswith("13.") else "ucx")
+    extras = _extras()
+    # every extra the advice names exists, with the ucxx wheel of that CUDA major
+    assert extras["ucx"] == ["ucxx-cu12>=0.52"]
+    assert extras["ucx-cu13"] == ["ucxx-cu13>=0.52"]
+
+
+def _extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    with open(Path(__file__).parent.parent / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]
+
+
 # -- on a GPU machine -------------------------------------------------------------------
 
 SEED = Path(__file__).parent / "data" / "cuda_rpc_recipe.txt"

@@ -30,7 +30,7 @@ from conftest import (
 )
 
 import rpcnb
-from rpcnb import errors, launch, shm, state, ucx
+from rpcnb import errors, launch, options, shm, state, ucx
 
 # not imported here: rpcnb sets UCX's environment up before ucxx loads (its warnings off)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ucxx") is None,
@@ -214,14 +214,14 @@ class Hide(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Hide())
 import os, rpcnb
-from rpcnb import errors
+from rpcnb import errors, options
 for how in ("flag", "env"):
     if how == "env":
         os.environ["RPCNB_UCX"] = "1"
     try:
         rpcnb.init(1, ucx=True) if how == "flag" else rpcnb.init(1)
     except errors.RpcnbError as exc:
-        assert str(exc) == errors.UCX_MISSING, exc
+        assert str(exc) == errors.UCX_MISSING.format(extra=options.ucx_extra()), exc
         started = __import__("rpcnb.state").state.is_initialized()
         launcher = __import__("rpcnb.launch").launch.current_launcher()
         # rpcnb.init starts the workers' launcher as it is looked up (to overlap the
@@ -244,8 +244,11 @@ def test_the_missing_extra_says_how_to_install_it():
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert code == 0, err[-2000:]
     assert "flag refused nothing started" in out and "env refused nothing started" in out
-    assert f"magic: {errors.UCX_MISSING}" in out
-    assert "pip install 'rpcnb[ucx]'" in errors.UCX_MISSING
+    extra = options.ucx_extra()
+    assert f"magic: {errors.UCX_MISSING.format(extra=extra)}" in out
+    # the extra whose ucxx is built for this torch's CUDA (a CPU build takes the cu12 one)
+    assert f"pip install 'rpcnb[{extra}]'" in out
+    assert extra == ("ucx-cu13" if (torch.version.cuda or "").startswith("13.") else "ucx")
     # no worker was started: the program itself, and the launcher rpcnb.init's lookup
     # started and the refusal stopped (the magic refuses before it starts one)
     assert len(seen) <= 2 and not [p for p in seen if pid_alive(p)]
