@@ -393,7 +393,8 @@ def _cupy():
         lacks.append(f"no CUDA device (torch {torch.__version__}: cuda.is_available() is "
                      f"False; /dev/nvidia[0-9]*: {len(glob.glob('/dev/nvidia[0-9]*'))} found)")
     if importlib.util.find_spec("cupy") is None:
-        lacks.append("CuPy is not installed (pip install cupy-cuda12x on a CUDA machine)")
+        major = (torch.version.cuda or "12").split(".")[0]
+        lacks.append(f"CuPy is not installed (pip install cupy-cuda{major}x on a CUDA machine)")
     if lacks:
         pytest.skip("CuPy arrays cannot be tested here: " + "; ".join(lacks))
     import cupy

@@ -5,9 +5,12 @@ show is in the ``gpu``-marked tests at the end (they skip without CUDA, and say 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_watched
 
 from rpcnb import options
 
@@ -138,3 +141,39 @@ def test_cuda_tensors_go_device_to_device_between_workers(kernel):
     fetched = kernel.execute("%%remote worker1 --fetch\nt + 1\n")
     assert "device='cuda:0'" in fetched.text
     kernel.execute("%rpc_shutdown")
+
+
+# -- make gpu-check, on a machine without a GPU ------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gpu_tests_pytest_collects() -> list[str]:
+    """The ids of every gpu-marked test, as pytest collects them from the whole suite."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                          "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.skipif(_gpus() > 0, reason="on a GPU machine gpu-check is the GPU run itself: "
+                    "make gpu-check")
+def test_gpu_check_without_a_gpu_says_so_and_rehearses_every_step():
+    script = [sys.executable, str(ROOT / "scripts" / "gpu_check.py")]
+    code, out, err, _ = run_watched(script, 120, cwd=ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+    assert code == 0, err[-2000:]
+    assert "no CUDA device here" in out and "nothing to check" in out
+    # --rehearse: the same steps as on a GPU machine, collecting only the files that hold
+    # gpu tests (a GPU machine has none of the browser's or the clusters' packages)
+    ids = _gpu_tests_pytest_collects()
+    files = sorted({i.split("::")[0] for i in ids})
+    code, out, err, _ = run_watched([*script, "--rehearse"], 600, cwd=ROOT,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert code == 0, out[-3000:] + err[-2000:]
+    table = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert (f"0 passed, 0 failed, {len(ids)} skipped in {len(files)} files"
+            in table["gpu tests"]), out[-3000:]
+    assert "ok: no CUDA, nothing measured" in table["GPU benchmark"]
+    assert all(f in out for f in files), "every gpu test's file ran, and said why it skipped"
