@@ -152,7 +152,8 @@ class RpcMagics(Magics):
     @argument("--no-shm", action="store_true",
               help="move tensors over TensorPipe only, not rpcnb's shared memory")
     @argument("--ucx", action="store_true", default=None,
-              help="move large tensors over UCX (pip install 'rpcnb[ucx]'; also RPCNB_UCX=1)")
+              help="move large tensors over UCX (pip install 'rpcnb[ucx]', or "
+                   "'rpcnb[ucx-cu13]' for a CUDA 13 torch; also RPCNB_UCX=1)")
     @argument("--no-zero-copy", action="store_true",
               help="copy tensors already in shared memory too, instead of sending them by "
                    "handle (which shares their pages with the receiver)")

@@ -73,7 +73,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     file, is needed to join. TensorPipe listens on the interface that owns ``host``, or on
     ``interface`` when it is given (anything but ``lo`` needs ``allow_remote``).
     ``ucx`` (default: the ``RPCNB_UCX`` variable) moves large tensors over UCX
-    (``rpcnb.ucx``; needs ``pip install 'rpcnb[ucx]'``).
+    (``rpcnb.ucx``; needs ``pip install 'rpcnb[ucx]'``, ``'rpcnb[ucx-cu13]'`` for a torch
+    built with CUDA 13).
     """
     launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if state.is_initialized():
