@@ -215,12 +215,6 @@ class Hide(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Hide())
 import os, rpcnb
 from rpcnb import errors, options
-def running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 for how in ("flag", "env"):
     if how == "env":
         os.environ["RPCNB_UCX"] = "1"
@@ -232,7 +226,7 @@ for how in ("flag", "env"):
         launch = __import__("rpcnb.launch").launch
         # rpcnb.init starts the workers' launcher as it is looked up (to overlap the
         # imports); a refused start stops it again, before it forked anything
-        left = [p for p in launch.descendants(os.getpid()) if running(p)]
+        left = [p for p in launch.descendants(os.getpid()) if launch.pid_alive(p)]
         print(how, "refused", "initialized" if started or launch.current_launcher() or left
               else "nothing started", flush=True)
 from IPython.testing.globalipapp import start_ipython
