@@ -6,7 +6,7 @@ to the first result on every engine:
 
 - ipyparallel: ``ipp.Cluster(n=N).start_and_connect_sync()``, then ``apply_sync`` of a
   trivial function on every engine;
-- rpcnb engines: ``rpcnb.cluster.start(N)`` (the same cluster, then each engine joins the
+- rpcnb engines: ``rpcnb.integrations.ipyparallel.start(N)`` (the same cluster, then each engine joins the
   torch RPC group), then ``rpcnb.run(ALL, "1", fetch=True)``;
 - rpcnb workers, for reference: ``rpcnb.init(N)`` and the same cell.
 
@@ -38,8 +38,8 @@ c.stop_cluster_sync()
 ENGINES = """
 import time, sys
 t0 = time.perf_counter()
-import rpcnb, rpcnb.cluster
-rpcnb.cluster.start({n}, "local", {{"profile_dir": sys.argv[1]}})
+import rpcnb, rpcnb.integrations.ipyparallel
+rpcnb.integrations.ipyparallel.start({n}, "local", {{"profile_dir": sys.argv[1]}})
 rpcnb.run(rpcnb.ALL, "1", fetch=True)
 print("@@", time.perf_counter() - t0)
 rpcnb.shutdown()

@@ -49,7 +49,7 @@ def one_way(sizes: list[int], quick: bool, warmup: int = 2) -> dict[str, Any]:
     (TensorPipe: rpcnb's paths off; rpcnb shm: the pool-buffer copy) and for a
     ``share_memory_()`` tensor (zero-copy), and ``dst.copy_(t)`` (memcpy), taking turns.
     Each path's counters say whether it really carried the sends."""
-    from rpcnb import shm
+    from rpcnb.paths import shm
 
     try:
         return {"sizes": {str(nbytes): _one_size(nbytes, reps_for(nbytes, quick), warmup)
@@ -63,7 +63,7 @@ def _one_size(nbytes: int, reps: int, warmup: int) -> dict[str, Any]:
     import torch.distributed.rpc as rpc
 
     from bench.targets import consume
-    from rpcnb import shm, zerocopy
+    from rpcnb.paths import shm, zerocopy
 
     perf = time.perf_counter
     n = nbytes // 4

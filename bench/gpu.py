@@ -9,7 +9,7 @@
    the GPU on arrival, as without a device map).
 2. Where CuPy is installed, ``--push`` of a CuPy array of the same size to ``worker1``
    (``rpcnb.run("worker1", "None", push={"a": a})``) against the same push of the CUDA
-   tensor, and against the CuPy array pickled (``rpcnb.arrays.set_enabled(False)``: as
+   tensor, and against the CuPy array pickled (``rpcnb.paths.arrays.set_enabled(False)``: as
    torch RPC sends it without rpcnb, through the host), in turns.
 3. The PyTorch CUDA RPC recipe's ``measure`` (two ``Linear(1000, 1000)`` shards,
    distributed autograd, ten iterations) in ``comm_mode="cpu"`` and ``"cuda"``, its
@@ -102,7 +102,7 @@ def cupy_pushes(t: Any, reps: int) -> dict[str, list[float]]:
     import torch
 
     import rpcnb
-    from rpcnb import arrays
+    from rpcnb.paths import arrays
 
     with cupy.cuda.Device(t.device.index):
         a = cupy.random.random(t.numel(), dtype=cupy.float32)

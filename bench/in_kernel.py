@@ -136,7 +136,7 @@ def fanout(counts: list[int], calls: int, rounds: int, warmup: int) -> dict[str,
 
 def _shm() -> Any:
     try:
-        from rpcnb import shm
+        from rpcnb.paths import shm
     except ImportError:
         return None
     if not (hasattr(shm, "set_enabled") and hasattr(shm, "is_enabled")):
@@ -147,7 +147,7 @@ def _shm() -> Any:
 def _arrays() -> Any:
     """rpcnb's array path where this tree has it (an older tree: None)."""
     try:
-        from rpcnb import arrays
+        from rpcnb.paths import arrays
     except ImportError:
         return None
     return arrays if hasattr(arrays, "set_enabled") else None
@@ -282,9 +282,9 @@ def start_rpcnb(workers: int = 2, extra: str = "") -> dict[str, float]:
 
 def stop_rpcnb() -> None:
     ip = _ip()
-    from rpcnb import session
+    from rpcnb import api
 
-    if session.is_initialized():
+    if api.is_initialized():
         ip.run_line_magic("rpc_shutdown", "")
 
 

@@ -53,7 +53,8 @@ def messages() -> dict[str, Any]:
 
 def run(rounds: int, calls: int) -> dict[str, dict[str, float]]:
     import rpcnb
-    from rpcnb import _torch, serialize
+    from rpcnb.paths import serialize
+    from rpcnb.wire import _torch
 
     serialize.install()
     pickler = _torch.rpc_pickler()

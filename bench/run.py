@@ -398,8 +398,8 @@ def arrays_table(xfer: dict[str, Any], target: Any, parts: list[str]) -> None:
             target(f"{mb} MB: numpy array <= 1.3x torch CPU tensor", None if ok is None else npy / rn,
                    1.3, ok, "n/a" if ok is None else f"{npy / rn:.2f}x ({npy:.2f} vs {rn:.2f} ms)")
     parts.append(_table(rows) + "\n(numpy: np.ones(n, float32) sent with rpc_sync(worker1, consume_array, "
-                 "args=(a,)), arriving as a NumPy array; pickled: the same with rpcnb.arrays off, its bytes "
-                 "in the pickle, as torch RPC sends it without rpcnb)")
+                 "args=(a,)), arriving as a NumPy array; pickled: the same with rpcnb.paths.arrays off, "
+                 "its bytes in the pickle, as torch RPC sends it without rpcnb)")
 
 
 def rpcnb_column(size: dict[str, Any], shm: str) -> tuple[float | None, str]:

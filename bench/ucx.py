@@ -10,7 +10,7 @@ process. ``two_namespaces``: the worker is a headless ``python -m rpcnb.worker -
 in a second network namespace joined by a veth pair (the issue's "two hosts"; needs root
 and iproute2, else the section says why it was skipped), TensorPipe uv against UCX (over
 TCP there), both in one group with ``--ucx``, taking turns call by call (a TensorPipe
-call sends the same tensor inside ``rpcnb.shm.suppressed()``). A send is rpcnb's
+call sends the same tensor inside ``rpcnb.paths.shm.suppressed()``). A send is rpcnb's
 ``probe_sink`` request (the tensor as its argument), timed until the worker has the
 tensor and answered. ``bare ucxx`` is the same transfer between
 two processes with ucxx alone (a receive posted into a buffer written once before, the
@@ -53,7 +53,8 @@ def _time_sends(name: str, sizes: list[int], reps: int,
     labelled ``ucx`` must have gone over UCX, any other must not have."""
     import torch
 
-    from rpcnb import protocol, state, ucx
+    from rpcnb.paths import ucx
+    from rpcnb.session import protocol, state
 
     s = state.current()
     out: dict[str, Any] = {label: {} for label in turns}
@@ -95,7 +96,7 @@ def time_path(label: str, kwargs: dict[str, Any], sizes: list[int],
 # ---------------------------------------------------------------------- bare ucxx
 
 def _drive(worker: Any, req: Any) -> None:
-    """Poll as ``rpcnb.ucx`` does: a short nap after 64 polls that moved nothing, so the
+    """Poll as ``rpcnb.paths.ucx`` does: a short nap after 64 polls that moved nothing, so the
     other side (and the kernel's TCP) get the cores when there are only two."""
     idle = 0
     while not req.completed:
@@ -209,7 +210,8 @@ def time_across(net: dict[str, str], sizes: list[int], reps: int) -> dict[str, A
     (the same tensor inside ``shm.suppressed()``, which turns rpcnb's paths off for the
     call): {"tensorpipe_uv": ..., "ucx": ...}."""
     import rpcnb
-    from rpcnb import shm, state, ucx
+    from rpcnb.paths import shm, ucx
+    from rpcnb.session import state
 
     rpcnb.init(0, port=0, host=net["addr"], allow_remote=True, ucx=True)
     proc = None

@@ -6,10 +6,10 @@ torch is imported when a group starts. Every magic has a plain function here:
 ``run_bg`` (``%%remote --bg``), ``jobs`` (``%rpc_jobs``), ``group`` (``%rpc_workers``),
 ``restart`` (``%rpc_restart``), ``add_workers`` (``%rpc_init --add``), ``interrupt`` and
 ``shutdown`` (``%rpc_shutdown``).
-They are ``rpcnb.session``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
-makes the engines of a running ipyparallel cluster members (``rpcnb.cluster``).
+They are ``rpcnb.api``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
+makes the engines of a running ipyparallel cluster members (``rpcnb.integrations.ipyparallel``).
 ``with rpcnb.copying():`` copies tensors already in shared memory instead of sharing them
-by handle, for every call this thread makes inside the block (``rpcnb.zerocopy``).
+by handle, for every call this thread makes inside the block (``rpcnb.paths.zerocopy``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDiedError
-from rpcnb.state import ALL, Group
+from rpcnb.session.state import ALL, Group
 
 if TYPE_CHECKING:
-    from rpcnb.cluster import attach
-    from rpcnb.session import (
+    from rpcnb.api import (
         add_workers,
         group,
         init,
@@ -33,7 +32,8 @@ if TYPE_CHECKING:
         run_bg,
         shutdown,
     )
-    from rpcnb.zerocopy import copying
+    from rpcnb.integrations.ipyparallel import attach
+    from rpcnb.paths.zerocopy import copying
 
 __version__ = "0.1.0"
 __all__ = [
@@ -63,25 +63,25 @@ _API = ("add_workers", "group", "init", "interrupt", "jobs", "join", "restart", 
 
 
 def __getattr__(name: str) -> Any:
-    # the API lives in rpcnb.session, which imports torch: load it when first asked for
+    # the API lives in rpcnb.api, which imports torch: load it when first asked for
     if name in _API:
-        from rpcnb import launch
+        from rpcnb.procs import launch
 
-        launch.apply_quiet_env()  # before rpcnb.session imports torch (its C++ log level)
+        launch.apply_quiet_env()  # before rpcnb.api imports torch (its C++ log level)
         if name in ("init", "add_workers"):
             launch.warm_up()  # the workers' launcher imports torch while this process does
-        from rpcnb import session
+        from rpcnb import api
 
-        return getattr(session, name)
-    if name == "attach":  # ipyparallel engines as members (rpcnb.cluster)
-        from rpcnb import launch
+        return getattr(api, name)
+    if name == "attach":  # ipyparallel engines as members (rpcnb.integrations.ipyparallel)
+        from rpcnb.procs import launch
 
         launch.apply_quiet_env()
-        from rpcnb.cluster import attach
+        from rpcnb.integrations.ipyparallel import attach
 
         return attach
-    if name == "copying":  # rpcnb.zerocopy imports no torch
-        from rpcnb.zerocopy import copying
+    if name == "copying":  # rpcnb.paths.zerocopy imports no torch
+        from rpcnb.paths.zerocopy import copying
 
         return copying
     raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
@@ -90,11 +90,13 @@ def __getattr__(name: str) -> Any:
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext rpcnb``: register the magics, the RRef display and the JupyterLab
     panel's comm target (torch not imported)."""
-    from rpcnb import display, launch, panel, serialize
-    from rpcnb.magics import RpcMagics
+    from rpcnb.frontend import panel, rrefs
+    from rpcnb.frontend.magics import RpcMagics
+    from rpcnb.paths import serialize
+    from rpcnb.procs import launch
 
     launch.apply_quiet_env()  # before torch is imported, so TensorPipe stays quiet
     serialize.watch()
     ip.register_magics(RpcMagics)
-    display.register(ip)
+    rrefs.register(ip)
     panel.register(ip)

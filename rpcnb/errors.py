@@ -137,7 +137,7 @@ HEADLESS_LEADER_GONE = (
     "this worker leaves the group and exits."
 )
 
-# ipyparallel engines as members (rpcnb.cluster)
+# ipyparallel engines as members (rpcnb.integrations.ipyparallel)
 NEEDS_IPYPARALLEL = (
     "Engines as members need ipyparallel: pip install 'rpcnb[cluster]' (or ipyparallel), "
     "then restart the kernel."

@@ -2,7 +2,7 @@
 
 A bounded ring buffer per process, cheap enough to sit on every call (one deque append
 under a lock), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
-records. ``rpcnb.serialize.install()`` hooks torch's RPC entry points so that plain
+records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry points so that plain
 ``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too.
 """
 
@@ -27,7 +27,7 @@ class Record:
     duration: float  # seconds
     nbytes: int = 0  # tensor bytes sent
     ok: bool = True
-    channel: str = ""  # "" when TensorPipe chose (see rpcnb.channels), "rpcnb_shm", "zero_copy",
+    channel: str = ""  # "" when TensorPipe chose (see rpcnb.observe.channels), "rpcnb_shm", "zero_copy",
     # "ucx: tcp"
 
 

@@ -1,6 +1,6 @@
 """A worker process: ``main()`` makes a fresh Python a member of a group.
 
-``rpcnb.launch`` has the kernel's warm launcher (``rpcnb.forkserver``) fork it and call
+``rpcnb.procs.launch`` has the kernel's warm launcher (``rpcnb.procs.forkserver``) fork it and call
 ``main(argv, secret)``. It builds a namespace (``__name__ ==
 "__main__"``) with a headless IPython shell, so ``display()``, magics and
 ``get_ipython()`` work in remote cells; joins the group; registers with the leader; and
@@ -26,10 +26,15 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import errors, handlers, launch, leave, options, protocol, shm, start, ucx
+from rpcnb import errors
 from rpcnb.cells import output
 from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
+from rpcnb.membership import handlers, leave, start
+from rpcnb.paths import shm, ucx
+from rpcnb.procs import launch
+from rpcnb.session import protocol
+from rpcnb.wire import options
 
 # The launchers' own rank variables, in the order a worker names itself from them.
 RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")

@@ -17,7 +17,7 @@ os.environ["TP_VERBOSE_LOGGING"] = str(7)
 import torch  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
 
-from rpcnb import channels  # noqa: E402
+from rpcnb.observe import channels  # noqa: E402
 
 CALL_ALL = """
 import torch, torch.distributed.rpc as rpc
@@ -45,7 +45,7 @@ def predicted(preds: dict) -> dict[str, dict[str, object]]:
 
 def group(out: str, chosen: str) -> None:
     import rpcnb
-    from rpcnb import roster, state
+    from rpcnb.session import roster, state
 
     rpcnb.init(2, channels=chosen.split(",") if chosen else None)
     try:
@@ -64,7 +64,7 @@ def group(out: str, chosen: str) -> None:
 def cuda(out: str) -> None:
     """worker0 -> worker1 with a device map: CUDA tensors take a CUDA channel."""
     import rpcnb
-    from rpcnb import state
+    from rpcnb.session import state
 
     rpcnb.init(1, device_map={"worker1": {"cuda:0": "cuda:0"}})
     try:

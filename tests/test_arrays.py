@@ -22,7 +22,9 @@ import torch.distributed.rpc as rpc
 from conftest import children_of, kill_all, pid_alive, wait_until
 
 import rpcnb
-from rpcnb import _torch, arrays, serialize, shm, values
+from rpcnb.observe import values
+from rpcnb.paths import arrays, serialize, shm
+from rpcnb.wire import _torch
 
 MB = 1 << 20
 # The workers cannot import this test module: ship its functions by value.
@@ -47,7 +49,7 @@ def described(x):
 
 
 def ns():
-    from rpcnb import state
+    from rpcnb.session import state
 
     return state.current().runner.namespace
 
@@ -72,7 +74,7 @@ def drop_kept():
 
 
 def worker_shm_stats():
-    from rpcnb import shm as s
+    from rpcnb.paths import shm as s
 
     return s.stats()
 
@@ -296,7 +298,7 @@ def test_copy_semantics_both_ways(api_group, size):
 
 
 def test_received_arrays_give_their_buffer_back_when_freed(api_group):
-    # the echo comes back by handle over the buffer our send filled (rpcnb.zerocopy)
+    # the echo comes back by handle over the buffer our send filled (rpcnb.paths.zerocopy)
     back = rpc.rpc_sync("worker1", echo, args=(np.zeros(MB, dtype=np.float32),))
     view = back[10:20]
     assert worker_shm_stats()["in_flight"] >= 1  # our buffer, held by the result
@@ -326,13 +328,13 @@ def test_push_fetch_and_to_here_of_remote_cells(api_group):
 
 
 def test_rref_display_of_an_array(api_group):
-    from rpcnb import display
+    from rpcnb.frontend import rrefs
 
     r = rpcnb.run("worker1", "import numpy as np\nnp.arange(12, dtype=np.float16).reshape(3, 4)")
-    text = display.rref_text(r)
+    text = rrefs.rref_text(r)
     assert text.startswith("RRef on worker1: numpy.ndarray shape=(3, 4) float16 cpu 24 B\n")
     assert "array([[ 0.,  1.,  2.,  3.]," in text
-    html = display.rref_html(r)
+    html = rrefs.rref_html(r)
     assert "float16" in html and "(3, 4)" in html
 
 
@@ -423,7 +425,7 @@ def test_cupy_arrays_round_trip_on_the_gpu(request):
     assert rpcnb.run("worker1", "float(a.sum())", fetch=True) == 1000.0
     r = rpcnb.run("worker1", "import cupy\ncupy.full((256, 256), 3, cupy.float32)")
     assert bool((r.to_here() == 3).all())
-    from rpcnb import display
+    from rpcnb.frontend import rrefs
 
-    assert display.rref_text(r).startswith(
+    assert rrefs.rref_text(r).startswith(
         "RRef on worker1: cupy.ndarray shape=(256, 256) float32 cuda:0 256.0 KB")

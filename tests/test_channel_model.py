@@ -95,7 +95,7 @@ def test_members_in_different_network_namespaces_use_uv(tmp_path, netns):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
-    from rpcnb import channels
+    from rpcnb.observe import channels
 
     predicted = json.loads(out.read_text())["predicted"]
     observed: dict[tuple[str, str], dict] = {}

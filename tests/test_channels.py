@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from rpcnb import channels, probe
-from rpcnb.channels import Facts, observed, predict, predict_pair
+from rpcnb.observe import channels, probe
+from rpcnb.observe.channels import Facts, observed, predict, predict_pair
 
 BOOT = "17b8928a-548d-4a48-a000-3503998c322f"
 
@@ -222,8 +222,8 @@ def test_probe_formats():
 
 def test_devmap_editor_model_validates_as_the_user_edits():
     pytest.importorskip("anywidget")
-    from rpcnb import widgets
-    from rpcnb.widgets.devmap_editor import (
+    from rpcnb.frontend import widgets
+    from rpcnb.frontend.widgets.devmap_editor import (
         APPLIED,
         NOT_APPLIED,
         DeviceMapEditor,

@@ -1,4 +1,4 @@
-"""ipyparallel engines as members (rpcnb.cluster): a real ipyparallel cluster started with
+"""ipyparallel engines as members (rpcnb.integrations.ipyparallel): a real ipyparallel cluster started with
 its local launcher (and, where Open MPI is installed, its MPI launcher), real engines,
 real torch RPC over loopback, driven from a real kernel. Every process a test starts is
 stopped by pid at its end (conftest's kernel fixture stops the kernel's descendants, the
@@ -16,7 +16,7 @@ import pytest
 from conftest import worker_pids
 
 from rpcnb import errors
-from rpcnb.launch import descendants, kill_all, pid_alive
+from rpcnb.procs.launch import descendants, kill_all, pid_alive
 
 pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (the test extra has it)")
 
@@ -42,7 +42,7 @@ def test_local_engines_are_a_group(kernel, tmp_path):
     assert "worker1" in table and "worker2" in table and table.count(" engine ") == 2, table
     assert "127.0.0.1 (lo)" in table
     pids = worker_pids(kernel)
-    kernel.execute("import os, rpcnb.cluster\nrc = rpcnb.cluster.client()")
+    kernel.execute("import os, rpcnb.integrations.ipyparallel\nrc = rpcnb.integrations.ipyparallel.client()")
     engine_pids = kernel.value("dict(zip(['worker%d' % (i + 1) for i in rc.ids], "
                                "rc[:].apply_sync(os.getpid)))")
     assert engine_pids == {k: v for k, v in pids.items() if k != "worker0"}
@@ -119,7 +119,7 @@ def test_attach_leaves_the_engines_running(kernel, outside_cluster):
     kernel.execute("%rpc_shutdown")
     # the engines run on, in the group no more, with their namespace
     assert all(pid_alive(p) for p in engines)
-    rc[:].execute("import rpcnb.state\ninside = rpcnb.state.is_initialized()", block=True)
+    rc[:].execute("import rpcnb.session.state\ninside = rpcnb.session.state.is_initialized()", block=True)
     assert rc[:].pull("inside", block=True) == [False, False]
     assert rc[:].pull("after", block=True) == ["rpcnb left this"] * 2
     # and can be attached again by a new group
@@ -129,7 +129,7 @@ def test_attach_leaves_the_engines_running(kernel, outside_cluster):
 
 
 def test_cluster_args_reach_ipyparallel_as_written():
-    from rpcnb.cluster import parse_cluster_args
+    from rpcnb.integrations.ipyparallel import parse_cluster_args
 
     # as IPython hands over a magic's line: the double quotes stay on the value
     line = "\"profile_dir=/tmp/p n=3 MPILauncher.mpi_args=['--allow-run-as-root','--oversubscribe']\""
@@ -154,7 +154,7 @@ def test_bad_cluster_lines_say_what_to_do(kernel):
     ]:
         out = kernel.execute(line, allow_error=True)
         assert message in out.traceback, (line, out.traceback)
-    assert not kernel.value("__import__('rpcnb.state').state.is_initialized()")
+    assert not kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()")
 
 
 MPIEXEC = shutil.which("mpiexec")

@@ -34,7 +34,7 @@ def test_load_ext_is_light_and_quiet(kernel):
     )
     assert out.stdout.split() == ["False", "ERROR"]
     # the user's own `import torch` installs rpcnb's pickler for plain torch RPC
-    out = kernel.execute("import torch.distributed.rpc\nimport rpcnb.serialize as s\n"
+    out = kernel.execute("import torch.distributed.rpc\nimport rpcnb.paths.serialize as s\n"
                          "print(s.is_installed())")
     assert out.stdout.split() == ["True"]
 
@@ -345,7 +345,7 @@ def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(group, kernel_f
     dup = taken.execute(join_line, allow_error=True)
     assert "already taken" in dup.traceback
     group.execute("%rpc_shutdown")
-    assert other.value("__import__('rpcnb.session').session.is_initialized()") is False
+    assert other.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
 def test_rpc_workers_table(group):
@@ -423,7 +423,7 @@ def test_python_api_from_a_script(tmp_path):
 
 def test_workers_exit_when_the_kernel_dies(group):
     pids = worker_pids(group)
-    group_dir = Path(group.value("str(__import__('rpcnb.state').state.current().group_dir)"))
+    group_dir = Path(group.value("str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
     assert (group_dir / "connection.json").exists()
     os.kill(group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15

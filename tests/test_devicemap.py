@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpcnb import devicemap as dmod
-from rpcnb.devicemap import DeviceMap, Pair, Problem
+from rpcnb.wire import devicemap as dmod
+from rpcnb.wire.devicemap import DeviceMap, Pair, Problem
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -480,7 +480,7 @@ def test_machine_devices_matches_torch(torch):
 
 
 def test_importing_the_module_does_not_import_torch():
-    code = "import sys, rpcnb.devicemap; print('torch' in sys.modules)"
+    code = "import sys, rpcnb.wire.devicemap; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

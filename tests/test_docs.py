@@ -54,9 +54,9 @@ def test_api_reference_documents_the_public_functions(site: Path) -> None:
     html = _page(site, "api.html")
     for name in ("rpcnb.init", "rpcnb.join", "rpcnb.run", "rpcnb.shutdown",
                  "rpcnb.cells.call.run", "rpcnb.errors.RemoteError",
-                 "rpcnb.devicemap.DeviceMap", "rpcnb.channels.predict_group",
-                 "rpcnb.probe.probe", "rpcnb.shm.stats", "rpcnb.telemetry.summary",
-                 "rpcnb.cluster.attach", "rpcnb.doctor.check"):
+                 "rpcnb.wire.devicemap.DeviceMap", "rpcnb.observe.channels.predict_group",
+                 "rpcnb.observe.probe.probe", "rpcnb.paths.shm.stats", "rpcnb.telemetry.summary",
+                 "rpcnb.integrations.ipyparallel.attach", "rpcnb.observe.doctor.check"):
         assert f'id="{name}"' in html, f"{name} is missing from the API reference"
     assert "as a cell and wait for it" in html  # rpcnb.run's docstring
 

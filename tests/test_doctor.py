@@ -14,8 +14,8 @@ import time
 import pytest
 from conftest import private_shm_blocker, small_shm_worker, worker_pids
 
-from rpcnb import doctor
-from rpcnb.launch import kill_all
+from rpcnb.observe import doctor
+from rpcnb.procs.launch import kill_all
 
 
 def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_path):
@@ -24,7 +24,7 @@ def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_pa
         pytest.skip(why)
     kernel.execute("%load_ext rpcnb")
     kernel.execute("%rpc_init --workers 1")
-    conn = kernel.value("str(__import__('rpcnb.state').state.current().connection_path)")
+    conn = kernel.value("str(__import__('rpcnb.session.state').session.state.current().connection_path)")
     log = tmp_path / "tiny.log"
     proc = small_shm_worker(conn, "tiny", log)
     try:

@@ -107,7 +107,7 @@ def test_join_errors_are_clear_and_leave_nothing(kernel):
     assert "not a valid worker name" in out.traceback
     out = kernel.execute("%rpc_init --join file:///tmp/x", allow_error=True)
     assert "--join needs --name" in out.traceback
-    assert kernel.value("__import__('rpcnb.session').session.is_initialized()") is False
+    assert kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
 def test_kernel_restart_stops_the_workers_it_started(group):
@@ -136,7 +136,7 @@ def test_joined_kernel_leaves_when_the_first_kernel_dies(group, kernel_factory):
     bob.execute(join_line)
     os.kill(group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while bob.value("__import__('rpcnb.session').session.is_initialized()"):
+    while bob.value("__import__('rpcnb.api').api.is_initialized()"):
         assert time.monotonic() < deadline, "the joined kernel did not notice"
         time.sleep(0.3)
     assert bob.value("kept") == "mine"  # its own namespace is untouched

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rpcnb import channels
+from rpcnb.observe import channels
 
 HAS_CUDA = torch.cuda.is_available()
 pytestmark = [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_watched
 
-from rpcnb import options
+from rpcnb.wire import options
 
 VISIBLE = ["0", "1", "2"]
 

@@ -1,5 +1,5 @@
 """The `rpcnb` kernelspec: kernels, and the workers they start, in a private network
-namespace of the user (rpcnb.netns), reached by Jupyter over ipc sockets (rpcnb.provisioner);
+namespace of the user (rpcnb.sandbox.netns), reached by Jupyter over ipc sockets (rpcnb.sandbox.provisioner);
 another user of the machine finds none of their ports. Real kernels, real workers, a real
 outsider (user `nobody`); every process a test starts is stopped by pid at its end."""
 
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from conftest import Kernel, worker_pids
 
-from rpcnb import isolation
-from rpcnb.launch import descendants, kill_all, pid_alive
-from rpcnb.netns import PIDFILE, find_holder
-from rpcnb.provisioner import NAME as PROVISIONER
+from rpcnb.procs.launch import descendants, kill_all, pid_alive
+from rpcnb.sandbox import isolation
+from rpcnb.sandbox.netns import PIDFILE, find_holder
+from rpcnb.sandbox.provisioner import NAME as PROVISIONER
 
 HERE = Path(__file__).parent
 JUPYTER = Path(sys.executable).parent / "jupyter"
@@ -72,7 +72,7 @@ def group_listeners(k: Kernel) -> dict[int, int]:
 def main_port(k: Kernel, name: str) -> int:
     """The port ``name``'s TensorPipe agent accepts pipes on, as the group's store says
     (the test may read the 0700 group directory; the outsider cannot)."""
-    store = k.value("__import__('rpcnb.state').state.current().init_method").removeprefix("file://")
+    store = k.value("__import__('rpcnb.session.state').session.state.current().init_method").removeprefix("file://")
     pattern = rb"addrs/" + name.encode() + rb".{1,8}?uv://127\.0\.0\.1:(\d+)"
     found = re.search(pattern, Path(store).read_bytes(), re.S)
     assert found, f"no address of {name} in {store}"
@@ -84,7 +84,7 @@ def fetch(k: Kernel, worker: str, code: str):
     return ast.literal_eval(k.execute(f"%%remote {worker} --fetch\n{code}").text)
 
 
-STATUS = "import rpcnb.isolation as i\n(i.status().isolated, i.status().why)"
+STATUS = "import rpcnb.sandbox.isolation as i\n(i.status().isolated, i.status().why)"
 
 
 @pytest.fixture
@@ -113,10 +113,11 @@ def test_the_kernelspec_is_installed():
                                        capture_output=True, text=True, timeout=60).stdout)
     spec = listed["kernelspecs"]["rpcnb"]["spec"]
     assert spec["display_name"] == isolation.DISPLAY_NAME
-    assert spec["argv"][0] == "python" and spec["argv"][2:4] == ["rpcnb.netns", "run"]
+    assert spec["argv"][0] == "python" and spec["argv"][2:4] == ["rpcnb.sandbox.netns", "run"]
     assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == PROVISIONER
     found = importlib.metadata.entry_points(group="jupyter_client.kernel_provisioners")
-    assert [e.value for e in found if e.name == PROVISIONER] == ["rpcnb.provisioner:IsolatedProvisioner"]
+    assert [e.value for e in found if e.name == PROVISIONER] == [
+        "rpcnb.sandbox.provisioner:IsolatedProvisioner"]
 
 
 def test_a_group_runs_in_a_private_namespace_reached_over_ipc(rpcnb_kernel, runtime):
@@ -274,7 +275,7 @@ def test_an_outsider_reaches_nothing_of_an_isolated_group(rpcnb_kernel, marker):
 
 def test_a_plain_kernel_says_it_is_exposed_and_refuses_unsigned_calls(kernel, marker):
     """Against a plain kernel's group the outsider finds the ports; its Python route is
-    refused by the signature check (rpcnb.serialize), and %rpc_init said the ports are
+    refused by the signature check (rpcnb.paths.serialize), and %rpc_init said the ports are
     open to every user of the machine."""
     kernel.execute("%load_ext rpcnb")
     out = kernel.execute("%rpc_init --workers 1")
@@ -316,7 +317,7 @@ sys.path.insert(0, sys.argv[1])
 from conftest import Kernel
 k = Kernel("rpcnb", {"RPCNB_RUNTIME_DIR": sys.argv[2]})
 try:
-    code = ("import os, rpcnb.isolation as i\n"
+    code = ("import os, rpcnb.sandbox.isolation as i\n"
             "(i.status().isolated, i.status().why, os.readlink('/proc/self/ns/net'))")
     k.execute("%load_ext rpcnb")
     k.execute("%rpc_init --workers 1")

@@ -1,6 +1,6 @@
 """The package's shape stays as docs/architecture.md draws it: one-way layers (checked by
 import-linter's contracts in pyproject.toml, imports inside functions included), no import
-cycle, no module over ~600 lines, and torch's private names in rpcnb/_torch.py only."""
+cycle, no module over ~600 lines, and torch's private names in rpcnb/wire/_torch.py only."""
 
 from __future__ import annotations
 
@@ -75,20 +75,39 @@ def tangled(tmp_path: Path) -> Path:
     """A copy of the package where a low layer imports the API inside a function."""
     shutil.copytree(PACKAGE, tmp_path / "rpcnb", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "rpcnb" / "state.py", "a") as f:
-        f.write("\n\ndef _upward():\n    from rpcnb import session\n\n    return session\n")
+    with open(tmp_path / "rpcnb" / "session" / "state.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from rpcnb import api\n\n    return api\n")
     return tmp_path
 
 
 def test_the_checks_catch_an_upward_import_inside_a_function(tangled: Path, monkeypatch):
     proc = lint_imports(tangled)
     assert proc.returncode != 0
-    assert "rpcnb.state -> rpcnb.session" in proc.stdout
+    assert "rpcnb.session.state -> rpcnb.api" in proc.stdout
     monkeypatch.syspath_prepend(str(tangled))
     for name in [m for m in sys.modules if m == "rpcnb" or m.startswith("rpcnb.")]:
         monkeypatch.delitem(sys.modules, name)
     found = cycles("rpcnb")
-    assert any("rpcnb.state" in group and "rpcnb.session" in group for group in found)
+    assert any("rpcnb.session.state" in group and "rpcnb.api" in group for group in found)
+
+
+MAX_TOP_MODULES = 12
+FOLDERS = ["cells", "frontend", "integrations", "membership", "observe", "paths", "procs",
+           "sandbox", "session", "wire"]
+
+
+def test_the_folders_are_the_layers():
+    """Every folder of rpcnb/ is a row of the layers contract, and at most 12 modules are
+    left at the top, so the folder list reads as the architecture."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert folders == FOLDERS
+    text = (ROOT / "pyproject.toml").read_text()
+    layers = text.split('containers = ["rpcnb"]', 1)[1].split("]", 1)[0]
+    rows = {name.strip() for row in layers.split('"')[1::2] for name in row.split("|")}
+    assert set(FOLDERS) <= rows
+    assert {p.removesuffix(".py") for p in top} - {"__init__"} <= rows
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
@@ -97,7 +116,7 @@ def test_no_module_is_too_long(path: Path):
     assert lines <= MAX_LINES, f"{path.name} has {lines} lines: split it by job"
 
 
-# Private torch names rpcnb uses; they belong in rpcnb/_torch.py, with the versions checked.
+# Private torch names rpcnb uses; they belong in rpcnb/wire/_torch.py, with the versions checked.
 PRIVATE = {
     "_get_current_rpc_agent", "_internal_rpc_pickler", "_thread_local_tensor_tables",
     "_init_counter", "_init_rpc_backend", "_set_profiler_node_id", "_update_group_membership",
@@ -140,11 +159,11 @@ def private_torch_uses(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", sorted(p for p in PACKAGE.rglob("*.py") if p.name != "_torch.py"),
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_private_torch_names_stay_in_one_module(path: Path):
-    assert private_torch_uses(path) == [], f"move these into rpcnb/_torch.py: {path.name}"
+    assert private_torch_uses(path) == [], f"move these into rpcnb/wire/_torch.py: {path.name}"
 
 
 def test_the_private_name_check_finds_them():
-    assert private_torch_uses(PACKAGE / "_torch.py"), "the check would never fail"
+    assert private_torch_uses(PACKAGE / "wire" / "_torch.py"), "the check would never fail"
 
 
 def rpc_sends(path: Path) -> list[str]:
@@ -164,4 +183,4 @@ def test_rpcnb_sends_its_requests_through_protocol_only():
     elsewhere = {str(p.relative_to(ROOT)): rpc_sends(p) for p in PACKAGE.rglob("*.py")
                  if p.name != "protocol.py" and rpc_sends(p)}
     assert elsewhere == {}
-    assert rpc_sends(PACKAGE / "protocol.py"), "the check would never fail"
+    assert rpc_sends(PACKAGE / "session" / "protocol.py"), "the check would never fail"

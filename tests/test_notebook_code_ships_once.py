@@ -21,11 +21,11 @@ from conftest import run_watched
 PROGRAM = Path(__file__).parent / "data" / "batched_rl.py"
 STEPS, REPEATS = 40, 2
 CALLS = 2 * (10 + STEPS * REPEATS)
-# counts the code objects rpcnb marshals and unmarshals in a process (rpcnb.notebook's
+# counts the code objects rpcnb marshals and unmarshals in a process (rpcnb.wire.notebook's
 # marshal module, wrapped; the real one does the work)
 COUNT_MARSHAL = """
 import marshal as _marshal
-import rpcnb.notebook as _nb
+import rpcnb.wire.notebook as _nb
 
 class _CountingMarshal:
     dumps_calls = loads_calls = 0
@@ -44,7 +44,7 @@ class _CountingMarshal:
 _nb.marshal = _CountingMarshal()
 """
 SHIPPED = ("(lambda m: (m.dumps_calls, m.loads_calls))"
-           "(__import__('rpcnb.notebook').notebook.marshal)")
+           "(__import__('rpcnb.wire.notebook').wire.notebook.marshal)")
 
 
 def run_script(out: Path) -> dict:

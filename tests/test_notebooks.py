@@ -96,14 +96,14 @@ def _wait_gone(pids: set[int], grace: float) -> list[int]:
 
 @functools.cache
 def _warm_launcher(pid: int) -> bool:
-    """Whether ``pid`` is a kernel's warm launcher (rpcnb.forkserver), not a worker it forked
+    """Whether ``pid`` is a kernel's warm launcher (rpcnb.procs.forkserver), not a worker it forked
     (those share its command line and take the name ``rpcnb workerN``)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return False
-    return b"rpcnb.forkserver" in cmdline and not name.startswith("rpcnb ")
+    return b"rpcnb.procs.forkserver" in cmdline and not name.startswith("rpcnb ")
 
 
 def run_notebook(path: Path, kernel: str = "python3") -> Run:
@@ -234,7 +234,7 @@ _PROBE_ROW = re.compile(r"(?m)^ +(1 KB|64 KB|1 MB|16 MB) +([\d.]+) ms +[\d.]+ [K
 def _cpu_channel_here() -> str:
     """TensorPipe's CPU channel between two processes of this user on this machine: cma
     unless yama or seccomp forbids it (then mpt_uv), by rpcnb's own model."""
-    from rpcnb import channels
+    from rpcnb.observe import channels
 
     facts = channels.Facts.from_dict(channels.local_facts())
     return "cma" if channels.viable(facts)["cma"] is None else "mpt_uv"

@@ -1,4 +1,4 @@
-"""The kernel's side of the JupyterLab panel (rpcnb/panel.py), driven over a real
+"""The kernel's side of the JupyterLab panel (rpcnb/frontend/panel.py), driven over a real
 kernel's comm channel as the extension drives it: a comm to ``rpcnb.panel`` gets
 snapshots of the group; the status item's "summary" leaves out the costly parts; a killed
 worker shows dead within 5 s; actions answer with a line; nothing new listens."""
@@ -15,7 +15,7 @@ from typing import Any
 
 from conftest import listening_addresses, worker_pids
 
-from rpcnb import panel
+from rpcnb.frontend import panel
 
 
 def open_comm(kernel, detail: str = "full") -> str:
@@ -135,7 +135,7 @@ def test_no_group_then_a_group_then_a_death(kernel):
 
     close_comm(kernel, comm_id)
     deadline = time.monotonic() + 10
-    while kernel.value("__import__('rpcnb.panel').panel.publisher().thread is not None"):
+    while kernel.value("__import__('rpcnb.frontend.panel').frontend.panel.publisher().thread is not None"):
         assert time.monotonic() < deadline, "the panel's thread outlived its last comm"
         time.sleep(0.5)
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from rpcnb.magics import parse_init_line, parse_remote_line
+from rpcnb.frontend.magics import parse_init_line, parse_remote_line
 
 TOKENS = st.sampled_from([
     "worker1", "worker1,worker2", "--all", "-o", "r", "--fetch", "--push", "a,b",

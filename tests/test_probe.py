@@ -3,8 +3,8 @@ a progress bar while it runs, the results kept in telemetry."""
 
 from __future__ import annotations
 
-from rpcnb import probe
-from rpcnb.channels import NOT_IN_GROUP
+from rpcnb.observe import probe
+from rpcnb.observe.channels import NOT_IN_GROUP
 
 
 def test_probe_measures_every_peer_and_keeps_results(group):
@@ -19,7 +19,7 @@ def test_probe_measures_every_peer_and_keeps_results(group):
     assert any("application/vnd.jupyter.widget-view+json" in d["data"] for d in out.displays)
     kept = group.value(
         "[(r['peer'], r['nbytes'], r['channel'], r['duration'] > 0) "
-        "for r in __import__('rpcnb.probe').probe.probe_records()]")
+        "for r in __import__('rpcnb.observe.probe').observe.probe.probe_records()]")
     assert len(kept) == 2 * 4
     assert all(ok for *_, ok in kept)
     assert {(peer, n) for peer, n, _, _ in kept} == {

@@ -39,7 +39,7 @@ def test_secret_stays_in_a_private_connection_file(group):
 
 def test_rpcnb_requests_without_the_token_are_refused(group):
     out = group.execute(
-        "import torch.distributed.rpc as rpc, rpcnb.protocol as p\n"
+        "import torch.distributed.rpc as rpc, rpcnb.session.protocol as p\n"
         "try:\n    rpc.rpc_sync('worker1', p.entry, args=('forged', 'run_cell', ('c1', "
         "'worker0', 'import os', False, {})))\nexcept Exception as e:\n    print('refused' if "
         "'did not carry the group' in str(e) else repr(e))"
@@ -103,10 +103,10 @@ def test_wrong_secret_or_version_is_refused_before_joining(group, kernel_factory
     assert time.monotonic() - t0 < 5
     assert "is not that group's" in out.traceback
     # another protocol (an older or newer rpcnb) is refused the same way
-    out = eve.execute("import rpcnb.rendezvous as r\nr.PROTOCOL = '0'\n"
+    out = eve.execute("import rpcnb.session.rendezvous as r\nr.PROTOCOL = '0'\n"
                       f"%rpc_init --join {path} --name eve2", allow_error=True)
     assert "speaks rpcnb protocol 1 and this kernel speaks 0" in out.traceback
-    assert eve.value("__import__('rpcnb.state').state.is_initialized()") is False
+    assert eve.value("__import__('rpcnb.session.state').session.state.is_initialized()") is False
     # neither took torch's membership token: a correct join goes straight through
     ok = kernel_factory()
     ok.execute("%load_ext rpcnb")
@@ -140,7 +140,7 @@ def test_tcp_group_on_loopback_with_token_join_and_refusal(kernel_factory):
     wrong = eve.execute(f"%rpc_init --join {conn['address']} --token {'0' * 32} --name eve",
                         allow_error=True, timeout=60)
     assert "is not that group's" in wrong.traceback
-    assert eve.value("__import__('rpcnb.session').session.is_initialized()") is False
+    assert eve.value("__import__('rpcnb.api').api.is_initialized()") is False
     table = leader.execute("%rpc_workers").text
     assert "eve" not in table and "alice" in table
     bad = leader.execute("%%remote eve\n1", allow_error=True)
@@ -173,7 +173,7 @@ def test_busy_port_and_unreachable_rendezvous(kernel):
                          allow_error=True)
     assert time.monotonic() - t0 < 15
     assert "No rpcnb group answers at" in out.traceback
-    assert kernel.value("__import__('rpcnb.session').session.is_initialized()") is False
+    assert kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
 def test_non_loopback_host_needs_allow_remote(kernel):

@@ -19,7 +19,7 @@ import torch.distributed.rpc as rpc
 from conftest import children_of, kill_all, pid_alive, run_watched, wait_until, worker_pids
 
 import rpcnb
-from rpcnb import shm
+from rpcnb.paths import shm
 
 MB = 1 << 20
 # The workers cannot import this test module: ship its functions by value.
@@ -32,7 +32,7 @@ def echo(t):
 
 def ns():
     """The worker's remote-cell namespace (functions shipped by value get fresh globals)."""
-    from rpcnb import state
+    from rpcnb.session import state
 
     return state.current().runner.namespace
 
@@ -63,7 +63,7 @@ def fresh(n):
 
 
 def stats():
-    from rpcnb import shm as s
+    from rpcnb.paths import shm as s
 
     return s.stats()
 
@@ -122,7 +122,7 @@ def test_copy_semantics_hold_under_buffer_reuse(api_group):
 
 
 def test_views_keep_the_buffer_until_the_last_one_is_freed(api_group):
-    # a tensor worker1 makes (an echo of ours would come back by handle: rpcnb.zerocopy)
+    # a tensor worker1 makes (an echo of ours would come back by handle: rpcnb.paths.zerocopy)
     back = rpc.rpc_sync("worker1", fresh, args=(MB,))
     view = back[10:20]
     worker_stats = rpc.rpc_sync("worker1", stats)
@@ -184,7 +184,7 @@ def test_no_buffers_left_after_shutdown_and_worker_kill():
     seen: set[int] = set()
     rpcnb.init(2)
     try:
-        from rpcnb import state
+        from rpcnb.session import state
 
         group = state.current().group_id
         keep_remote = rpcnb.run("worker1", "import torch\nbig = torch.ones(MB := 2**20)\nbig")
@@ -210,7 +210,7 @@ def test_no_buffers_left_after_the_kernel_dies(group):
     group.execute("import torch, torch.distributed.rpc as rpc\n"
                   "def keep(t):\n    global kept\n    kept = t\n"
                   "rpc.rpc_sync('worker1', keep, args=(torch.ones(2**20),))")
-    gid = group.value("__import__('rpcnb.state').state.current().group_id")
+    gid = group.value("__import__('rpcnb.session.state').session.state.current().group_id")
     group.execute("%%remote worker2 -o r\nimport torch\ntorch.ones(2**20)")
     group.execute("x = r.to_here()")
     pids = worker_pids(group)
@@ -269,7 +269,7 @@ def test_idle_buffers_are_given_back(monkeypatch):
     rpcnb.init(1)
     try:
         seen.update(children_of(os.getpid()))
-        from rpcnb import state
+        from rpcnb.session import state
 
         group = state.current().group_id
         assert rpc.rpc_sync("worker1", keep, args=(torch.ones(4 * MB),)) == 4 * MB

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import worker_pids
 
-from rpcnb.launch import kill_all, pid_alive
+from rpcnb.procs.launch import kill_all, pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
@@ -144,8 +144,8 @@ def test_the_docs_sbatch_script_joins_headless_workers(slurm, kernel_factory, tm
     kernel = kernel_factory(env=slurm)
     kernel.execute("%load_ext rpcnb")
     kernel.execute("%rpc_init --port 0")
-    join = kernel.value("__import__('rpcnb.state').state.current().init_method")
-    conn = kernel.value("str(__import__('rpcnb.state').state.current().connection_path)")
+    join = kernel.value("__import__('rpcnb.session.state').session.state.current().init_method")
+    conn = kernel.value("str(__import__('rpcnb.session.state').session.state.current().connection_path)")
     script = docs_sbatch_script()
     # the user's two edits: the group's address, and where the connection file was copied
     script = script.replace("tcp://10.0.0.5:29500", join)

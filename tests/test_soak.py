@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import Kernel, worker_pids
 
-from rpcnb import shm
+from rpcnb.paths import shm
 
 pytestmark = pytest.mark.soak
 
@@ -59,7 +59,7 @@ def group_footprint(k: Kernel) -> dict[str, dict[str, int]]:
     found = {name: footprint(pid) for name, pid in pids.items()}
     # this group's buffers only: another group on the machine (a test running beside this
     # one) has its own
-    group = k.value("__import__('rpcnb.state').state.current().group_id")
+    group = k.value("__import__('rpcnb.session.state').session.state.current().group_id")
     left = shm.leftovers(group)
     found["shm"] = {"files": len(left), "bytes": sum(os.path.getsize(p) for p in left)}
     return found

@@ -19,7 +19,7 @@ import pytest
 from conftest import worker_pids
 from test_two_hosts import in_ns, ns_pids, tcp_sockets
 
-from rpcnb.launch import kill_all, pid_alive
+from rpcnb.procs.launch import kill_all, pid_alive
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # scp of OpenSSH 9 speaks SFTP to the server
@@ -190,7 +190,7 @@ def test_ssh_launcher_engines_are_a_group(sshd, netns, kernel, tmp_path):
     assert kernel.value("r.to_here().tolist()") == [1.0, 2.0, 3.0]
     kernel.execute("import torch\nx = torch.ones(50_000)")
     kernel.execute("%%remote worker2 --push x\ny = x * 3")
-    kernel.execute("import rpcnb.cluster\nrc = rpcnb.cluster.client()")
+    kernel.execute("import rpcnb.integrations.ipyparallel\nrc = rpcnb.integrations.ipyparallel.client()")
     assert kernel.value("float(rc[1].pull('y', block=True).sum())") == 150000.0
     got = kernel.execute("%%remote worker2 --fetch\nimport torch, torch.distributed.rpc as rpc\n"
                          "float(rpc.rpc_sync('worker1', torch.add, args=(y, 1)).sum())").text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import children_of, pid_alive, wait_until, worker_pids
 
-LAUNCHER = "__import__('rpcnb.launch').launch.current_launcher()"
+LAUNCHER = "__import__('rpcnb.procs.launch').procs.launch.current_launcher()"
 
 
 def ppid(pid: int) -> int:
@@ -69,7 +69,7 @@ def test_the_launcher_is_fork_safe_and_keeps_the_secret_off_command_lines(kernel
     assert facts["cuda_initialized"] is False
     assert facts["python_threads"] == 1  # a fork copies only the forking thread
     launcher = facts["pid"]
-    secret = kernel.value("__import__('rpcnb.state').state.current().secret")
+    secret = kernel.value("__import__('rpcnb.session.state').session.state.current().secret")
     pids = worker_pids(kernel)
     for pid in (launcher, pids["worker1"]):
         assert secret not in Path(f"/proc/{pid}/cmdline").read_text()
@@ -92,7 +92,7 @@ def _ends_with_the_kernel(kernel_factory, how: str) -> None:
     k.execute("%rpc_init --workers 2")
     launcher = launcher_pid(k)
     pids = [p for n, p in worker_pids(k).items() if n != "worker0"]
-    group_dir = Path(k.value("str(__import__('rpcnb.state').state.current().group_dir)"))
+    group_dir = Path(k.value("str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
     if how == "kill":
         os.kill(k.pid, signal.SIGKILL)
     else:
@@ -141,7 +141,7 @@ def test_a_worker_killed_while_it_starts_fails_the_start_at_once(kernel):
     assert out.finished - killed < 10  # the launcher reported it; no start timeout
     # everything that started was stopped, and the next start works
     assert wait_until(lambda: children_of(launcher) == [], timeout=10)
-    assert kernel.value("__import__('rpcnb.state').state.is_initialized()") is False
+    assert kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()") is False
     kernel.execute("%rpc_init --workers 1")
     assert kernel.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
     kernel.execute("%rpc_shutdown")
@@ -164,7 +164,7 @@ def test_a_launcher_that_cannot_start_says_why_at_once(kernel, tmp_path):
     assert "could not be started" in out.traceback
     assert "cloudpickle broken on purpose" in out.traceback
     assert not pid_alive(old)
-    assert kernel.value("__import__('rpcnb.state').state.is_initialized()") is False
+    assert kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()") is False
     kernel.execute("del os.environ['PYTHONPATH']")
     kernel.execute("%rpc_init --workers 1")
     assert kernel.execute("%%remote worker1 --fetch\n1 + 1").text == "2"

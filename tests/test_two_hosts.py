@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import listening_addresses, worker_pids
 
-from rpcnb.launch import kill_all, pid_alive
+from rpcnb.procs.launch import kill_all, pid_alive
 
 
 def in_ns(ns: str, *cmd: str) -> list[str]:
@@ -57,7 +57,7 @@ def test_members_on_two_hosts(kernel, netns, tmp_path):
     kernel.execute("%load_ext rpcnb")
     out = kernel.execute(f"%rpc_init --workers 1 --port 0 --host {addr_a} --allow-remote")
     assert f"the group listens on {addr_a}" in out.stdout
-    kernel.execute("import rpcnb.state, shutil, os\n_s = rpcnb.state.current()")
+    kernel.execute("import rpcnb.session.state, shutil, os\n_s = rpcnb.session.state.current()")
     join = kernel.value("_s.init_method")
     assert join.startswith(f"tcp://{addr_a}:")
     # the user copies the connection file to the other host (scp): mode 0600
@@ -127,8 +127,8 @@ def test_members_on_two_hosts(kernel, netns, tmp_path):
         # the channel model against TensorPipe's log: TCP (uv) across the namespaces
         predicted = json.loads(kernel.value(
             "__import__('json').dumps({f'{a}->{b}': p.to_dict() for (a, b), p in "
-            "__import__('rpcnb.channels').channels.predict_group().items()})"))
-        from rpcnb import channels
+            "__import__('rpcnb.observe.channels').observe.channels.predict_group().items()})"))
+        from rpcnb.observe import channels
 
         observed: dict[tuple[str, str], dict] = {}
         for name in ("worker2", "worker3"):
@@ -228,7 +228,7 @@ def test_engines_on_the_other_host_attach(kernel, netns, tmp_path):
         # %%remote runs in the engine's namespace, the one ipyparallel's client sees
         kernel.execute("import torch\nx = torch.ones(100_000)")
         kernel.execute("%%remote worker2 --push x\ny = x * 5")
-        kernel.execute("import rpcnb.cluster\nrc = rpcnb.cluster.client()")
+        kernel.execute("import rpcnb.integrations.ipyparallel\nrc = rpcnb.integrations.ipyparallel.client()")
         assert kernel.value("float(rc[1].pull('y', block=True).sum())") == 500000.0
         assert kernel.execute("%%remote worker1 --fetch\nfloat(__import__('torch')"
                               ".full((4,), 2.5).sum())").text == "10.0"

@@ -30,7 +30,11 @@ from conftest import (
 )
 
 import rpcnb
-from rpcnb import errors, launch, options, shm, state, ucx
+from rpcnb import errors
+from rpcnb.paths import shm, ucx
+from rpcnb.procs import launch
+from rpcnb.session import state
+from rpcnb.wire import options
 
 # not imported here: rpcnb sets UCX's environment up before ucxx loads (its warnings off)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ucxx") is None,
@@ -45,7 +49,7 @@ def echo(t):
 
 
 def worker_ucx_stats():
-    from rpcnb import ucx as u
+    from rpcnb.paths import ucx as u
 
     return u.stats()
 
@@ -139,7 +143,8 @@ def test_received_buffers_are_reused_only_once_every_view_is_freed(ucx_group):
 
 
 def test_telemetry_names_the_ucx_transport(ucx_group):
-    from rpcnb import channels, telemetry
+    from rpcnb import telemetry
+    from rpcnb.observe import channels
 
     rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
     stats = telemetry.peer_stats()["worker1"]
@@ -164,8 +169,8 @@ def test_on_one_host_cpu_tensors_keep_rpcnbs_shared_memory(kernel):
     kernel.execute("import torch\nbig = torch.ones(2**21)")
     kernel.execute("%%remote worker1 --push big --fetch -o back\nbig * 3")
     assert kernel.value("float(back.sum())") == 3.0 * 2 * MB
-    assert kernel.value("__import__('rpcnb.ucx').ucx.stats()['received']") == 0
-    assert kernel.value("__import__('rpcnb.shm').shm.stats()['sent']") >= 1
+    assert kernel.value("__import__('rpcnb.paths.ucx').paths.ucx.stats()['received']") == 0
+    assert kernel.value("__import__('rpcnb.paths.shm').paths.shm.stats()['sent']") >= 1
     kernel.execute("%rpc_shutdown")
 
 
@@ -175,11 +180,11 @@ def test_magics_take_ucx_and_channels_show_it(kernel):
     kernel.execute("import torch\nbig = torch.ones(2**21)")
     kernel.execute("%%remote worker1 --push big --fetch -o back\nbig * 3")
     assert kernel.value("float(back.sum())") == 3.0 * 2 * MB
-    assert kernel.value("__import__('rpcnb.ucx').ucx.stats()['sent']") == 1
-    assert kernel.value("__import__('rpcnb.ucx').ucx.stats()['received']") == 1
+    assert kernel.value("__import__('rpcnb.paths.ucx').paths.ucx.stats()['sent']") == 1
+    assert kernel.value("__import__('rpcnb.paths.ucx').paths.ucx.stats()['received']") == 1
     text = kernel.execute("%rpc_channels --text").stdout
     assert "worker0 -> worker1: ucx: " in text and "worker1 -> worker0: ucx: " in text
-    log = kernel.value("open(__import__('rpcnb.state').state.current().procs['worker1']"
+    log = kernel.value("open(__import__('rpcnb.session.state').session.state.current().procs['worker1']"
                        ".log_path).read()")
     assert "unused environment variable" not in log, log  # UCX's warnings stay quiet
     kernel.execute("%rpc_shutdown")
@@ -222,8 +227,8 @@ for how in ("flag", "env"):
         rpcnb.init(1, ucx=True) if how == "flag" else rpcnb.init(1)
     except errors.RpcnbError as exc:
         assert str(exc) == errors.UCX_MISSING.format(extra=options.ucx_extra()), exc
-        started = __import__("rpcnb.state").state.is_initialized()
-        launch = __import__("rpcnb.launch").launch
+        started = __import__("rpcnb.session.state").state.is_initialized()
+        launch = __import__("rpcnb.procs.launch").launch
         # rpcnb.init starts the workers' launcher as it is looked up (to overlap the
         # imports); a refused start stops it again, before it forked anything
         left = [p for p in launch.descendants(os.getpid()) if launch.pid_alive(p)]
@@ -308,7 +313,7 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
                           text=True).stdout.split()[3].split("/")[0]
     kernel.execute("%load_ext rpcnb")
     kernel.execute(f"%rpc_init --workers 1 --port 0 --host {addr} --allow-remote --ucx")
-    kernel.execute("import rpcnb.state, shutil, os, torch\n_s = rpcnb.state.current()")
+    kernel.execute("import rpcnb.session.state, shutil, os, torch\n_s = rpcnb.session.state.current()")
     token = tmp_path / "connection.json"
     kernel.execute(f"shutil.copy(_s.connection_path, {str(token)!r})")
     os.chmod(token, 0o600)

@@ -68,7 +68,7 @@ def test_devmap_editor_live_group_and_apply(group):
     assert group.value("ed.problems") == []
     assert group.value("ed.forms['string']") == "1_0_1"
     group.execute("ed.apply()")
-    assert group.value("__import__('rpcnb.widgets').widgets.applied_device_map()") == {
+    assert group.value("__import__('rpcnb.frontend.widgets').frontend.widgets.applied_device_map()") == {
         "worker1": {"cuda:0": "cuda:1"}}
     group.execute("%rpc_shutdown")
     # the next %rpc_init uses the applied map, and checks it against every member's GPUs

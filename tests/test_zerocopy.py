@@ -1,4 +1,4 @@
-"""Zero-copy for tensors already in shared memory (rpcnb.zerocopy): values, sharing
+"""Zero-copy for tensors already in shared memory (rpcnb.paths.zerocopy): values, sharing
 semantics both ways, both torch.multiprocessing strategies, the opt-outs (per call, per
 block, per group) that copy instead, the path in telemetry and %rpc_channels, and nothing
 left in /dev/shm afterwards.
@@ -22,7 +22,9 @@ from conftest import children_of, kill_all, pid_alive, wait_until
 from test_shm import bump_kept, keep, kept_sum, ns  # pickled by value, as this module's
 
 import rpcnb
-from rpcnb import channels, shm, telemetry, zerocopy
+from rpcnb import telemetry
+from rpcnb.observe import channels
+from rpcnb.paths import shm, zerocopy
 
 MB = 1 << 20
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -72,7 +74,7 @@ def own_sum():
 
 
 def counters():
-    from rpcnb import shm, zerocopy
+    from rpcnb.paths import shm, zerocopy
 
     return {"zero_copy": zerocopy.stats(), "shm": shm.stats()}
 
@@ -287,7 +289,7 @@ def test_channels_text_and_flags_in_a_kernel(kernel):
 
 def test_nothing_left_in_dev_shm_after_shutdown():
     seen = _start()
-    from rpcnb import state
+    from rpcnb.session import state
 
     group = state.current().group_id
     pids = [os.getpid()] + [p.pid for p in state.current().procs.values()]

@@ -1,7 +1,7 @@
 /**
  * rpcnb's JupyterLab extension: the "RPC" side panel and the status bar item for the
  * group of the notebook that has focus. The data comes from the kernel itself, over a
- * comm to the `rpcnb.panel` target (rpcnb/panel.py); no server extension, no polling.
+ * comm to the `rpcnb.panel` target (rpcnb/frontend/panel.py); no server extension, no polling.
  */
 
 import {

@@ -1,6 +1,6 @@
 /**
  * The panel's data: the snapshots the kernel pushes over the `rpcnb.panel` comm
- * (rpcnb/panel.py) and what the status item and the panel make of them. Nothing here
+ * (rpcnb/frontend/panel.py) and what the status item and the panel make of them. Nothing here
  * touches JupyterLab or the DOM, so the jest tests run it as is.
  */
 
@@ -50,7 +50,7 @@ export interface IPathCount {
   bytes: number;
 }
 
-/** One ordered pair of the channel matrix (rpcnb/traffic.py's ``Picture.matrix``). */
+/** One ordered pair of the channel matrix (rpcnb/observe/traffic.py's ``Picture.matrix``). */
 export interface ICell {
   transport: string;
   channel: string;
@@ -242,7 +242,7 @@ export function sparkline(points: number[][], width: number, height: number): st
 }
 
 /** What one cell of the channel matrix shows, as the channel monitor's matrix does
- * (rpcnb/widgets/channel_monitor.js): TensorPipe's transport / channel; under it the
+ * (rpcnb/frontend/widgets/channel_monitor.js): TensorPipe's transport / channel; under it the
  * UCX transport of the latest tensor sent over UCX ("ucx: cma"; "" if none); under that
  * the tensors that took rpcnb's own paths ("rpcnb_shm ×2 · ucx: cma ×1"; "" if none);
  * and the tooltip (why that channel, the calls, their median latency, each path's bytes). */

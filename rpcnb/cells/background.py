@@ -16,8 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from rpcnb import errors, progress, state, text
+from rpcnb import errors, progress, text
 from rpcnb.cells import call
+from rpcnb.session import state
 
 PROGRESS_INTERVAL = 0.5  # seconds between updates of wait_interactive's display
 

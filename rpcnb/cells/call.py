@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, machine, progress, protocol, roster, state, telemetry, zerocopy
+from rpcnb import errors, machine, progress, telemetry
 from rpcnb.cells.output import Printer, large
 from rpcnb.errors import RemoteError, WorkerDiedError
-from rpcnb.state import Session
+from rpcnb.paths import zerocopy
+from rpcnb.session import protocol, roster, state
+from rpcnb.session.state import Session
 
 INTERRUPT_GRACE = 3.0  # seconds a cell gets to stop after an interrupt
 STOPPED_NOTICE = (
@@ -56,7 +58,7 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     (None when no worker had a value).
     Raises RemoteError (with ``.worker``) for an exception on the worker.
     ``zero_copy=False``: tensors already in shared memory among ``push`` (and, with
-    ``fetch``, in the value) are copied instead of shared by handle (``rpcnb.zerocopy``).
+    ``fetch``, in the value) are copied instead of shared by handle (``rpcnb.paths.zerocopy``).
     """
     s = state.current()
     names, many = prepare(s, target, source, timeout)
@@ -180,7 +182,8 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
 
 def _push_error(push: dict[str, Any], exc: Exception) -> Exception:
     """ValueError naming the --push value that cannot be sent, if that is what failed."""
-    from rpcnb import _torch, shm
+    from rpcnb.paths import shm
+    from rpcnb.wire import _torch
 
     for name, value in push.items():
         try:

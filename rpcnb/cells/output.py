@@ -17,7 +17,8 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import machine, protocol, state
+from rpcnb import machine
+from rpcnb.session import protocol, state
 
 FLUSH_INTERVAL = 0.05  # seconds between output batches while a cell runs
 

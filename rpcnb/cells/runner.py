@@ -20,8 +20,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, progress, protocol, shm, state, ucx
+from rpcnb import errors, progress
 from rpcnb.cells.output import Capture, router
+from rpcnb.paths import shm, ucx
+from rpcnb.session import protocol, state
 
 
 @dataclass
@@ -158,7 +160,7 @@ class CellRunner:
         except KeyboardInterrupt:
             result.outputs = cap.close()
         # the reply is pickled on whichever thread completes or awaits the future: the
-        # result itself says to copy (rpcnb.serialize reads it)
+        # result itself says to copy (rpcnb.paths.serialize reads it)
         result.copy_tensors = not job.zero_copy
         job.future.set_result(result)
 
@@ -169,7 +171,7 @@ class CellRunner:
         if not has_value or value is None:
             return CellResult(self.name, True)
         if job.fetch:
-            from rpcnb import _torch
+            from rpcnb.wire import _torch
 
             try:
                 with shm.suppressed():  # a dry run: no buffer taken

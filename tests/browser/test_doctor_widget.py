@@ -25,8 +25,8 @@ from test_lab_widgets import (
 )
 
 CELLS = [
-    "%load_ext rpcnb\n%rpc_init --workers 1\nimport rpcnb.state, pathlib\n"
-    "_ = pathlib.Path('connection.txt').write_text(str(rpcnb.state.current().connection_path))",
+    "%load_ext rpcnb\n%rpc_init --workers 1\nimport rpcnb.session.state, pathlib\n"
+    "_ = pathlib.Path('connection.txt').write_text(str(rpcnb.session.state.current().connection_path))",
     # wait here until the headless worker the test starts has joined
     "import time\nfor _ in range(600):\n"
     "    if 'tiny' in [m.name for m in rpcnb.group().members if m.alive]:\n        break\n"

@@ -1,0 +1,525 @@
+"""The kernel's side of rpcnb's JupyterLab panel (the "RPC" side panel and status item).
+
+``%load_ext rpcnb`` calls ``register``: the comm target ``rpcnb.panel``, a hook after each
+cell, and a hello to the front ends (a comm opened and closed at once, so a panel that
+follows this kernel connects now rather than at its next look). A front end opens a comm
+to the target; while one is open, a thread of this kernel pushes snapshots of the group
+(at most one a second, and only when something changed) and another runs the panel's
+actions one at a time. With no panel open nothing runs; nothing here imports torch
+before a group exists.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpcnb import errors, telemetry
+from rpcnb.frontend import rrefs
+from rpcnb.sandbox import isolation
+from rpcnb.session import state
+from rpcnb.wire import options
+
+TARGET = "rpcnb.panel"
+PROTOCOL = 1  # the messages' shape; the front end says so when it does not know it
+PERIOD = 1.0  # seconds between two snapshots, at least
+REFRESH_EVERY = 10.0  # seconds between asking each member about itself (memory, answering)
+REMOTE_EVERY = 5.0  # seconds between asking the others for their calls (the channel matrix)
+SERIES_SECONDS = 300.0  # the latency charts' span
+SERIES_POINTS = 120  # points per peer at most
+DESCRIBE_RETRY = 30.0  # seconds before an RRef that could not be described is asked again
+MAX_ITEMS = 10_000  # a dict or list longer than this is not searched for RRefs
+IPYTHON_OUTPUTS = ("_", "__", "___")  # IPython's last outputs (also kept by its displayhook)
+
+NO_GROUP = "No group in this kernel: start one below, or run %rpc_init --workers 2."
+BAD_VARIABLE = "{name!r} is not a valid Python variable name: use letters, digits and _."
+GONE = "This RRef is no longer held by this kernel (the panel showed an older picture)."
+BAD_WORKERS = "The number of workers must be a whole number from 0 to 64, not {value!r}."
+UNKNOWN_ACTION = "The panel asked for {action!r}, which this rpcnb does not know: upgrade rpcnb."
+OPENS = {"channels": "%rpc_channels", "devmap": "%rpc_devmap"}
+DEVMAP_NO_GROUP = (
+    "There is no group to edit a map for: start one first, or run "
+    "%rpc_devmap --topology worker0=2,worker1=2 to plan one."
+)
+
+
+def _rref_class() -> Any:
+    """torch's RRef type, or None while torch.distributed.rpc was never imported (then
+    nothing can hold an RRef)."""
+    mod = sys.modules.get("torch._C._distributed_rpc")
+    return getattr(mod, "PyRRef", None)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# -- the RRefs this kernel holds ----------------------------------------------------------
+
+
+@dataclass
+class Held:
+    """One RRef and every place in the namespace that holds it."""
+
+    rref: Any
+    names: list[str] = field(default_factory=list)  # as the user would write them
+    places: list[tuple[Any, ...]] = field(default_factory=list)  # (name,) or (name, key)
+
+
+def rref_key(rref: Any) -> str:
+    """What tells RRefs apart: torch's ids of the RRef and of this fork."""
+    return repr(rref)
+
+
+def _is_ipython_name(name: str) -> bool:
+    return name in IPYTHON_OUTPUTS or (name.startswith("_") and name[1:].isdigit())
+
+
+def find_rrefs(namespace: dict[str, Any]) -> dict[str, Held]:
+    """The RRefs in ``namespace``: bound to a name, or an item of a dict, list or tuple
+    bound to a name (one level; IPython's ``Out`` included). Key: ``rref_key``."""
+    cls = _rref_class()
+    found: dict[str, Held] = {}
+    if cls is None:
+        return found
+    seen: set[int] = set()  # Out and _oh are one dict
+
+    def add(rref: Any, label: str, place: tuple[Any, ...]) -> None:
+        held = found.setdefault(rref_key(rref), Held(rref))
+        if label not in held.names:
+            held.names.append(label)
+        held.places.append(place)
+
+    try:
+        items = list(namespace.items())
+    except RuntimeError:  # changed while we read it (a cell runs): next time
+        return found
+    for name, value in items:
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        if isinstance(value, cls):
+            add(value, name, (name,))
+        elif isinstance(value, (dict, list, tuple)) and id(value) not in seen \
+                and len(value) <= MAX_ITEMS:
+            seen.add(id(value))
+            try:
+                pairs = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+            except RuntimeError:
+                continue
+            for key, item in pairs:
+                if isinstance(item, cls):
+                    add(item, f"{name}[{key!r}]", (name, key))
+    for held in found.values():  # the user's own names first, IPython's Out and _N last
+        held.names.sort(key=lambda n: (n.startswith("Out[") or n.startswith("_oh[")
+                                       or _is_ipython_name(n), n))
+    return found
+
+
+def drop(shell: Any, key: str) -> list[str]:
+    """Drop every reference this kernel's namespace (and IPython's output cache) holds to
+    the RRef ``key``; the names it had. When the last one goes, torch tells the owner."""
+    ns = shell.user_ns
+    held = find_rrefs(ns).get(key)
+    if held is None:
+        return []
+    for place in held.places:
+        name = place[0]
+        try:
+            if len(place) == 1:
+                if name in IPYTHON_OUTPUTS:
+                    ns[name] = ""  # as IPython starts them
+                else:
+                    del ns[name]
+                continue
+            container = ns[name]
+            if isinstance(container, tuple):
+                ns[name] = tuple(x for x in container if x is not held.rref)
+            elif isinstance(container, dict):
+                container.pop(place[1], None)
+        except (KeyError, TypeError):
+            continue
+    for name in {p[0] for p in held.places if len(p) == 2}:  # lists: every occurrence
+        container = ns.get(name)
+        if isinstance(container, list):
+            container[:] = [x for x in container if x is not held.rref]
+    hook = getattr(shell, "displayhook", None)
+    for attr in IPYTHON_OUTPUTS:
+        if getattr(hook, attr, None) is held.rref:
+            setattr(hook, attr, "")
+    last = getattr(shell, "last_execution_result", None)
+    if last is not None and getattr(last, "result", None) is held.rref:
+        last.result = None
+    names = held.names
+    del held
+    return names
+
+
+# -- snapshots ----------------------------------------------------------------------------
+
+
+def member_rows(group: Any) -> list[dict[str, Any]]:
+    """``%rpc_workers``'s rows as plain data."""
+    rows = []
+    for m in group.members:
+        kind = m.kind
+        if kind == "kernel" and m.name != group.leader:
+            kind = "joined kernel"
+        rows.append({
+            "name": m.name, "rank": m.rank, "host": m.host, "pid": m.pid, "kind": kind,
+            "devices": list(m.devices), "gpus": m.gpus, "alive": m.alive, "how": m.how,
+            "calls": m.calls, "recent_ms": m.recent_ms, "memory": dict(m.memory),
+            "me": m.name == group.me,
+        })
+    return rows
+
+
+class Publisher:
+    """This kernel's panel connections, the thread that feeds them and the one that runs
+    their actions."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.lock = threading.Lock()
+        self.links: dict[str, Link] = {}
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.actions: queue.Queue[tuple[Link, dict[str, Any]]] = queue.Queue()
+        self.actor: threading.Thread | None = None
+        self.sent = 0  # snapshots sent, for tests
+        # per group (compared by identity): what is costly to learn again
+        self._session: Any = None
+        self._traffic: Any = None
+        self._traffic_data: dict[str, Any] | None = None
+        self._dirty = True  # telemetry recorded a call since the matrix was computed
+        self._refreshed = 0.0
+        self._described: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._seen: dict[str, float] = {}  # RRef key -> when this kernel first held it
+
+    # -- connections ------------------------------------------------------------------------
+
+    def open(self, comm: Any, msg: dict[str, Any]) -> None:
+        """A front end opened a comm to ``rpcnb.panel``."""
+        data = (msg.get("content") or {}).get("data") or {}
+        link = Link(comm, str(data.get("detail", "full")))
+        comm.on_msg(lambda m: self.receive(link, m))
+        comm.on_close(lambda m: self.close(link))
+        with self.lock:
+            self.links[comm.comm_id] = link
+            if self.thread is None or not self.thread.is_alive():
+                telemetry.subscribe(self._on_record)
+                self.thread = threading.Thread(target=self._loop, name="rpcnb-panel", daemon=True)
+                self.thread.start()
+        self.wake.set()
+
+    def close(self, link: Link) -> None:
+        with self.lock:
+            self.links.pop(link.comm.comm_id, None)
+        self.wake.set()
+
+    def receive(self, link: Link, msg: dict[str, Any]) -> None:
+        """A message from the panel (on whatever thread the kernel handles comms on)."""
+        data = (msg.get("content") or {}).get("data") or {}
+        if data.get("type") == "watch":
+            link.detail = str(data.get("detail", "full"))
+            link.last = ""  # send the new level's picture at once
+            self.wake.set()
+        elif data.get("type") == "action":
+            with self.lock:
+                self.actions.put((link, data))
+                if self.actor is None or not self.actor.is_alive():
+                    self.actor = threading.Thread(target=self._act, name="rpcnb-panel-actions",
+                                                  daemon=True)
+                    self.actor.start()
+
+    def after_cell(self, result: Any = None) -> None:
+        """After each cell (IPython's post_run_cell), while a panel is open: note new
+        RRefs (their age counts from here), refresh the panel. Without a panel, nothing."""
+        if not self.links:
+            return
+        if state.active() is not None:
+            self._note(find_rrefs(self.shell.user_ns))
+        self.wake.set()
+
+    def _on_record(self, rec: Any) -> None:
+        self._dirty = True  # inline on an RPC thread: nothing more
+
+    # -- the pushing thread -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        last = 0.0
+        while True:
+            self.wake.wait(PERIOD)
+            self.wake.clear()
+            delay = last + PERIOD - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            with self.lock:
+                links = [ln for ln in self.links.values() if ln.detail != "off"]
+                if not self.links:
+                    telemetry.unsubscribe(self._on_record)
+                    self.thread = None
+                    return
+            if not links:
+                continue
+            full = any(ln.detail == "full" for ln in links)
+            try:
+                snap = self.snapshot(full)
+            except Exception:  # the group changes under us (starting, leaving): next time
+                continue
+            last = time.monotonic()
+            for link in links:
+                body = snap if link.detail == "full" else _summary(snap)
+                text = json.dumps({k: v for k, v in body.items() if k != "time"},
+                                  sort_keys=True, default=str)
+                if text == link.last:
+                    continue
+                try:
+                    link.comm.send({"type": "snapshot", "snapshot": body})
+                    link.last = text
+                    self.sent += 1
+                except Exception:
+                    self.close(link)
+
+    def snapshot(self, full: bool = True) -> dict[str, Any]:
+        """The group now, as the panel shows it (see docs/panel.md for the fields)."""
+        snap: dict[str, Any] = {"protocol": PROTOCOL, "time": time.time(), "group": None,
+                                "members": [], "message": NO_GROUP}
+        s = state.active()
+        if s is not self._session:
+            self._session, self._traffic, self._traffic_data = s, None, None
+            self._described.clear()
+            self._dirty, self._refreshed = True, 0.0
+        if s is None:
+            if full:
+                snap["rrefs"] = self._rrefs(None)
+            return snap
+        from rpcnb.membership import view
+
+        refresh = full and time.monotonic() - self._refreshed > REFRESH_EVERY
+        group = view.group(refresh=refresh)
+        if refresh:
+            self._refreshed = time.monotonic()
+        rows = member_rows(group)
+        snap.update(message="", members=rows, group={
+            "me": group.me, "leader": group.leader, "address": group.address,
+            "join_line": group.join_line, "size": len(rows),
+            "alive": sum(1 for r in rows if r["alive"]),
+        })
+        if full:
+            snap["traffic"] = self._traffic_now(s)
+            snap["rrefs"] = self._rrefs(s)
+        return snap
+
+    def _traffic_now(self, s: Any) -> dict[str, Any] | None:
+        from rpcnb.observe.traffic import Traffic
+
+        if self._traffic is None:
+            try:
+                self._traffic = Traffic(s)
+            except Exception:
+                return None
+            self._dirty = True
+        remote = time.monotonic() - self._traffic.remote_at > REMOTE_EVERY
+        if self._dirty or remote or self._traffic_data is None:
+            self._dirty = False
+            pic = self._traffic.picture(remote, since=time.time() - SERIES_SECONDS,
+                                        points=SERIES_POINTS)
+            self._traffic_data = {"members": pic.members, "matrix": pic.matrix,
+                                  "series": pic.series}
+        return self._traffic_data
+
+    def _note(self, found: dict[str, Held]) -> None:
+        now = time.time()
+        with self.lock:
+            for key in found:
+                self._seen.setdefault(key, now)
+
+    def _rrefs(self, s: Any) -> list[dict[str, Any]]:
+        found = find_rrefs(self.shell.user_ns)
+        self._note(found)
+        out = []
+        for key, held in found.items():
+            entry = {"key": key, "names": held.names, "since": self._seen.get(key, time.time())}
+            entry.update(self._describe(s, key, held.rref))
+            out.append(entry)
+        out.sort(key=lambda e: (e["since"], e["names"]))
+        return out
+
+    def _describe(self, s: Any, key: str, rref: Any) -> dict[str, Any]:
+        """Owner, type, shape, dtype, device, size, preview: asked of the owner once."""
+        if s is None:
+            cached = self._described.get(key)
+            return dict(cached[1], error="its group has ended") if cached else \
+                {"owner": "?", "error": "its group has ended"}
+        cached = self._described.get(key)
+        if cached and (cached[0] == 0.0 or time.monotonic() - cached[0] < DESCRIBE_RETRY):
+            return cached[1]
+        try:
+            owner = rref.owner_name()
+        except Exception as exc:
+            return {"owner": "?", "error": _first_line(exc)}
+        with s.lock:
+            how = s.dead.get(owner)
+        if how is not None:
+            info: dict[str, Any] = {"owner": owner, "error": f"{owner} is gone ({how})"}
+            self._described[key] = (0.0, info)
+            return info
+        owner, described, error = rrefs.describe_rref(rref)
+        info = {"owner": owner, "error": error}
+        if described is not None:
+            info.update({k: v for k, v in described.items() if k != "preview"})
+            info["preview"] = described.get("preview", "")[:200]
+        self._described[key] = (0.0 if described is not None else time.monotonic(), info)
+        return info
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def _act(self) -> None:
+        while True:
+            try:
+                link, data = self.actions.get(timeout=30)
+            except queue.Empty:
+                with self.lock:
+                    if self.actions.empty():
+                        self.actor = None
+                        return
+                continue
+            reply: dict[str, Any] = {"type": "reply", "id": data.get("id"), "ok": True}
+            try:
+                reply.update(self.act(str(data.get("action")), data))
+            except Exception as exc:
+                reply.update(ok=False, message=str(exc).strip() or type(exc).__name__)
+            try:
+                link.comm.send(reply)
+            except Exception:
+                pass
+            self.wake.set()
+
+    def act(self, action: str, data: dict[str, Any]) -> dict[str, Any]:
+        """Run one of the panel's actions; what to tell the panel (``message``, and for
+        ``open`` the line of the cell the front end adds and runs: ``insert``)."""
+        ns = self.shell.user_ns
+        if action == "start":
+            return {"message": self._start(data.get("workers", 2), str(data.get("device_map") or ""))}
+        if action == "probe":
+            from rpcnb.observe import probe
+
+            results = probe.probe(progress=False)
+            return {"message": "probed: " + ", ".join(
+                f"{p.peer} {p.latency_s * 1e3:.2f} ms" for p in results.peers),
+                "table": results.table()}
+        if action == "shutdown":
+            if not state.is_initialized():
+                raise ValueError(errors.NOT_INITIALIZED)
+            from rpcnb import api
+
+            api.shutdown()
+            return {"message": "left the group; start a new one below or with %rpc_init."}
+        if action == "fetch":
+            name = str(data.get("name", "")).strip()
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(BAD_VARIABLE.format(name=name))
+            held = find_rrefs(ns).get(str(data.get("key")))
+            if held is None:
+                raise ValueError(GONE)
+            value = held.rref.to_here()
+            replaced = name in ns
+            ns[name] = value
+            return {"message": f"{name} = {type(value).__name__} from {held.rref.owner_name()}"
+                               + (f" (the old {name} was replaced)" if replaced else "")}
+        if action == "free":
+            key = str(data.get("key"))
+            names = drop(self.shell, key)
+            if not names:
+                raise ValueError(GONE)
+            with self.lock:
+                self._seen.pop(key, None)
+            self._described.pop(key, None)
+            return {"message": f"freed: {', '.join(names)} dropped; its owner lets go of it."}
+        if action == "open":
+            what = str(data.get("what"))
+            if what not in OPENS:
+                raise ValueError(UNKNOWN_ACTION.format(action=f"open {what}"))
+            import importlib.util
+
+            if importlib.util.find_spec("anywidget") is None:
+                from rpcnb.frontend.widgets import NEEDS_ANYWIDGET
+
+                raise ValueError(NEEDS_ANYWIDGET)
+            if not state.is_initialized():
+                raise ValueError(errors.NOT_INITIALIZED if what == "channels" else DEVMAP_NO_GROUP)
+            return {"message": f"{OPENS[what]} added to the notebook", "insert": OPENS[what]}
+        raise ValueError(UNKNOWN_ACTION.format(action=action))
+
+    def _start(self, workers: Any, device_map: str) -> str:
+        if isinstance(workers, str) and workers.strip().isdigit():
+            workers = int(workers)
+        if not isinstance(workers, int) or isinstance(workers, bool) or not 0 <= workers <= 64:
+            raise ValueError(BAD_WORKERS.format(value=workers))
+        kwargs: dict[str, Any] = {}
+        if device_map.strip():
+            kwargs["device_map"] = options.device_map_spec(device_map, self.shell.user_ns)
+        elif options.applied_device_map() is not None:
+            kwargs["device_map"] = options.applied_device_map()  # what the editor applied
+        from rpcnb.procs import launch
+
+        launch.apply_quiet_env()  # before torch is imported, as %rpc_init does
+        from rpcnb import api
+
+        group = api.init(workers, **kwargs)
+        note = isolation.notice()
+        return (f"started: {', '.join(m.name for m in group.members)}; others join with "
+                f"{group.join_line}" + (f"\n{note}" if note else ""))
+
+
+@dataclass
+class Link:
+    """One front end's comm: how much it wants ("full", "summary": the status item's
+    counts only, "off"), and the last picture it got."""
+
+    comm: Any
+    detail: str = "full"
+    last: str = ""
+
+
+def _summary(snap: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in snap.items() if k not in ("traffic", "rrefs")}
+
+
+_publisher: Publisher | None = None
+
+
+def publisher() -> Publisher | None:
+    """This kernel's publisher, once ``register`` ran."""
+    return _publisher
+
+
+def register(ip: Any) -> None:
+    """``%load_ext rpcnb``: the comm target, the after-cell hook and the hello. Nothing
+    happens outside a kernel (a terminal IPython has no front end to talk to)."""
+    global _publisher
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None:
+        return
+    import comm
+
+    old = _publisher
+    if old is not None:
+        try:
+            ip.events.unregister("post_run_cell", old.after_cell)
+        except ValueError:
+            pass
+    pub = _publisher = Publisher(ip)
+    comm.get_comm_manager().register_target(TARGET, pub.open)
+    ip.events.register("post_run_cell", pub.after_cell)
+    try:
+        hello = comm.create_comm(target_name=TARGET, data={"hello": PROTOCOL})
+        hello.close()
+    except Exception:  # a front end without comms: the panel connects when it looks
+        pass

@@ -1,0 +1,182 @@
+"""Everything another member can ask of this one, in one table.
+
+Every request reaches ``rpcnb.session.protocol.entry``, which checks the group token before it
+looks an operation up here; a request without the token runs nothing. Each handler takes
+this process's session first, then the request's arguments. ``install()`` puts the
+table in place; a process does it before it joins a group.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rpcnb import telemetry
+from rpcnb.cells import call, output
+from rpcnb.cells.runner import Job
+from rpcnb.membership import leave, start
+from rpcnb.observe import channels, doctor, values
+from rpcnb.paths import serialize, ucx
+from rpcnb.session import protocol, roster
+from rpcnb.session.state import Session
+from rpcnb.wire import _torch
+
+NO_RUNNER = "rpcnb: this member runs no remote cells"
+NOT_LEADER = "rpcnb: only the group's first kernel admits members"
+
+
+# -- remote cells ------------------------------------------------------------------------
+
+
+def run_cell(s: Session, call_id: str, caller: str, source: str, fetch: bool,
+             push: dict[str, Any], zero_copy: bool = True) -> torch.futures.Future:
+    """Queue a cell on this member's runner; the future completes with its CellResult
+    (``zero_copy=False``: a fetched tensor in shared memory is copied, not shared)."""
+    if s.runner is None:
+        raise RuntimeError(NO_RUNNER)
+    fut: torch.futures.Future = torch.futures.Future()
+    s.runner.submit(Job(s.token, call_id, caller, source, fetch, push, fut,
+                        zero_copy=bool(zero_copy)))
+    return fut
+
+
+def interrupt(s: Session, call_id: str) -> bool:
+    """Interrupt the cell ``call_id`` (or drop it from the queue)."""
+    if s.runner is None:
+        raise RuntimeError(NO_RUNNER)
+    return bool(s.runner.interrupt(call_id))
+
+
+def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[Any]) -> None:
+    """A batch of output from a cell this process sent (or, with ``call_id=None``, from a
+    worker process outside any cell: shown wherever this process is)."""
+    if call_id is None:
+        printer = output.Printer(prefix=True)
+        printer.items(worker, [(k, p) for k, p in items if k in ("stdout", "stderr")])
+        printer.finish()
+        return
+    call.deliver(s, call_id, worker, seq, items)
+
+
+def unpark(s: Session, key: str) -> Any:
+    """A value parked by ``make_rref``, now owned by the RRef this request creates."""
+    with s.lock:
+        return s.parked.pop(key)
+
+
+# -- the group ---------------------------------------------------------------------------
+
+
+def register(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) -> Any:
+    """On the leader: a new member asks to be admitted (see ``roster.admit``)."""
+    if not s.is_leader:
+        raise RuntimeError(NOT_LEADER)
+    return roster.admit(s, name, rank, info, proof)
+
+
+def shm_full(s: Session, message: str) -> None:
+    """A member found /dev/shm full: the group's one warning (on the leader)."""
+    start.report_shm_full(s, message)
+
+
+def ucx_pull(s: Session, tag: int, receiver: str, address: bytes) -> str:
+    """A member unpickling a message from this one wants the tensor under ``tag`` over
+    UCX (see ``rpcnb.paths.ucx``)."""
+    return ucx.pull(s, tag, receiver, address)
+
+
+def registry(s: Session) -> list[tuple[str, int]]:
+    """Who was admitted (other members' ``roster.live_names`` ask the leader)."""
+    return s.admitted()
+
+
+def member_died(s: Session, name: str, how: str) -> None:
+    """The leader says ``name`` died."""
+    s.mark_dead(name, how)
+
+
+def member_back(s: Session, name: str) -> None:
+    """The leader started ``name`` again (``%rpc_restart``)."""
+    s.revive(name)
+
+
+def drop_member(s: Session, info: Any) -> None:
+    """The leader removes a dead member from torch's group: drop it here too."""
+    _torch.drop_locally(info)
+
+
+def leave_now(s: Session) -> bool:
+    """The leader asks this member to leave (a worker process then exits)."""
+    def go() -> None:
+        leave.leave_group(timeout=10.0)
+        if s.runner is not None:
+            s.runner.stop()  # a worker process's main thread then ends the process
+
+    threading.Thread(target=go, name="rpcnb-leave", daemon=True).start()
+    return True
+
+
+# -- describing ------------------------------------------------------------------------
+
+
+def describe_self(s: Session) -> dict[str, Any]:
+    return start.self_info(s)
+
+
+def describe_rref(s: Session, rref: Any) -> dict[str, Any]:
+    return values.describe(rref.local_value())
+
+
+def facts(s: Session) -> dict[str, Any]:
+    return channels.local_facts()
+
+
+def doctor_report(s: Session) -> dict[str, Any]:
+    return doctor.local_report()
+
+
+def peer_stats(s: Session) -> dict[str, dict[str, Any]]:
+    return telemetry.peer_stats()
+
+
+def probe_echo(s: Session) -> None:
+    """Nothing, for the round trip of an empty call."""
+    return None
+
+
+def probe_sink(s: Session, tensor: Any) -> int:
+    """A tensor in, its size back."""
+    return int(tensor.element_size() * tensor.nelement())
+
+
+OPERATIONS: dict[str, Callable[..., Any]] = {
+    "run_cell": run_cell,
+    "interrupt": interrupt,
+    "deliver": deliver,
+    "unpark": unpark,
+    "register": register,
+    "registry": registry,
+    "shm_full": shm_full,
+    ucx.PULL: ucx_pull,
+    "member_died": member_died,
+    "member_back": member_back,
+    "drop_member": drop_member,
+    "leave": leave_now,
+    "describe_self": describe_self,
+    "describe_rref": describe_rref,
+    "facts": facts,
+    "doctor": doctor_report,
+    "peer_stats": peer_stats,
+    "probe_echo": probe_echo,
+    "probe_sink": probe_sink,
+}
+
+
+def install() -> None:
+    """Answer other members' requests with ``OPERATIONS`` (idempotent), and deliver the
+    output of plain Python calls to the member that made them."""
+    protocol.serve(OPERATIONS)
+    serialize.on_call(output.capture_call)

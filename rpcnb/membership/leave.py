@@ -1,0 +1,111 @@
+"""Leaving a group, always in bounded time.
+
+A member leaves with ``leave_group`` (a graceful ``rpc.shutdown``, bounded). The leader
+holds the rendezvous and leaves last: ``shutdown_group`` asks every member to leave,
+stops the worker processes it started that do not, removes what is still listed from
+torch's group, then leaves itself and removes the group's directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+
+from rpcnb.paths import shm, ucx
+from rpcnb.procs import launch
+from rpcnb.session import protocol, roster, state
+from rpcnb.session.state import Session
+from rpcnb.wire import _torch
+
+
+def local_shutdown(graceful: bool, timeout: float = 10.0) -> bool:
+    """rpc.shutdown() bounded in time; True if it finished."""
+    import torch.distributed.rpc as rpc
+
+    box: dict[str, BaseException] = {}
+
+    def target() -> None:
+        try:
+            rpc.shutdown(graceful=graceful, timeout=timeout)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name="rpcnb-shutdown", daemon=True)
+    t.start()
+    t.join(timeout + 5)
+    return not t.is_alive()
+
+
+def leave_group(timeout: float = 10.0, graceful: bool = True) -> None:
+    """This member leaves the group (the leader uses ``shutdown_group`` instead)."""
+    s = state.active()
+    if s is None:
+        return
+    s.closing = True
+    local_shutdown(graceful=graceful, timeout=timeout)
+    shm.deactivate()
+    ucx.deactivate()
+    if s.runner is not None and not s.runner.on_main:
+        s.runner.stop()
+    state.end(s)
+
+
+def shutdown_group(s: Session, timeout: float = 10.0) -> None:
+    """On the leader: every member leaves first, then this process (see the module)."""
+    s.closing = True
+    if s.watcher is not None:
+        s.watcher.join(1)
+    others = [n for n in roster.live_names(s) if n != s.name]
+    for name in others:
+        proc = s.procs.get(name)
+        if proc is not None:
+            proc.left = True
+            if proc.stopped():  # it cannot leave; do not wait for it
+                proc.stop(grace=0.2)
+        try:
+            protocol.call_async(s.token, name, "leave", timeout=5)
+        except Exception:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        gone = {n for n, w in s.procs.items() if not w.alive()}
+        remaining = set(_torch.member_names()) - {s.name} - set(s.dead) - gone
+        if not remaining:
+            break
+        time.sleep(0.05)
+    launch.wait_exit(list(s.procs.values()), max(0.5, deadline - time.monotonic()))
+    for w in s.procs.values():
+        if w.alive():
+            w.stop(grace=1.0)
+    for name in set(_torch.member_names()) - {s.name}:
+        try:
+            # whoever holds the group token now is gone or stuck: take it
+            roster.forget(s, name, steal_any=True)
+        except Exception:
+            pass
+    local_shutdown(graceful=True, timeout=5.0)
+    close(s)
+
+
+def close(s: Session) -> None:
+    """What is left after this process left torch's group: its shared memory, the
+    buffers of workers that were killed, its UCX endpoints, its cell runner, the group's
+    directory."""
+    shm.deactivate()
+    ucx.deactivate()
+    for w in s.procs.values():  # a worker that was killed could not clean up after itself
+        shm.remove_segments_of(w.pid, s.group_id)
+    if s.runner is not None:
+        s.runner.stop()
+    s.store_server = None  # the last reference: the TCP store stops listening
+    state.end(s)
+    if s.group_dir is not None:
+        shutil.rmtree(s.group_dir, ignore_errors=True)
+    for then in s.after_close:  # e.g. stop the ipyparallel cluster this group started
+        try:
+            then()
+        except Exception as exc:
+            print(f"rpcnb: {exc}", file=sys.stderr)
+    s.after_close.clear()

@@ -1,0 +1,87 @@
+"""The group as ``%rpc_workers`` shows it: every member with host, pid, kind, devices,
+whether it is alive (or how it died), its calls and recent latency."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from rpcnb import machine, telemetry
+from rpcnb.paths import shm
+from rpcnb.session import protocol, roster, state
+from rpcnb.session.state import Group, Member
+from rpcnb.wire import _torch
+
+
+def memory_info() -> dict[str, int]:
+    """This process's resident memory and the shared memory it holds (its pool and the
+    buffers of others it maps), as %rpc_workers shows it."""
+    st = shm.stats()
+    return {"rss": machine.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"]}
+
+
+def listen_address() -> str:
+    """Where this process's TensorPipe listens, as ``ADDR (IFACE)``: the interface
+    TP_SOCKET_IFNAME named when its agent started (torch keeps the first), else this
+    host name's address."""
+    iface = _torch.first_interface() or os.environ.get("TP_SOCKET_IFNAME", "")
+    if iface:
+        return f"{machine.interface_address(iface) or '?'} ({iface})"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "?"
+
+
+def group(refresh: bool = True) -> Group:
+    """The group now: every member with host, pid, devices, liveness, calls and latency.
+
+    With ``refresh`` every other member is asked about itself (5 s at most); one that
+    does not answer shows as "not answering" until it answers again."""
+    s = state.current()
+    admitted = set(roster.live_names(s)) | {s.name}
+    infos = {w.name: w.id for w in _torch.agent().get_worker_infos() if w.name in admitted}
+    futs = {}
+    if refresh:
+        for name in infos:
+            if name != s.name and name not in s.dead:
+                try:
+                    futs[name] = (time.perf_counter(),
+                                  protocol.call_async(s.token, name, "describe_self", timeout=5))
+                except Exception:
+                    pass
+    for name, (t0, fut) in futs.items():
+        try:
+            info = fut.wait()
+        except Exception as exc:
+            with s.lock:
+                m = s.members.setdefault(name, Member(name, infos[name]))
+                m.alive, m.how = False, f"not answering ({(str(exc).splitlines() or [repr(exc)])[0]})"
+            continue
+        telemetry.record(name, "describe", telemetry.now(), time.perf_counter() - t0)
+        with s.lock:
+            m = s.members.setdefault(name, Member(name, infos[name]))
+            m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
+            m.gpus = info.get("gpus", "")
+            m.address = info.get("address", "")
+            m.memory = info.get("memory", {})
+            m.alive, m.how = True, ""  # it answers (again)
+    rows = []
+    with s.lock:
+        if s.name not in s.members:
+            s.members[s.name] = Member(s.name, s.rank, socket.gethostname(), os.getpid(),
+                                       "kernel", machine.cuda_devices())
+        if not s.members[s.name].address:
+            s.members[s.name].address = listen_address()
+        s.members[s.name].memory = memory_info()
+        for name in set(infos) | set(s.dead):
+            m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
+            if name in s.dead:
+                m.alive, m.how = False, s.dead[name]
+            stats = telemetry.summary(name)
+            m.calls, m.recent_ms = stats["calls"], stats["recent_ms"]
+            rows.append(m)
+    rows.sort(key=lambda m: m.rank)
+    address = str(s.connection_path) if s.connection_path else s.init_method
+    return Group(s.name, s.leader, address, rows, remote=not s.one_host)

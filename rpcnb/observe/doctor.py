@@ -1,0 +1,232 @@
+"""``%rpc_doctor``: what on each member can slow or break the group, and what to do.
+
+Every member answers the ``doctor`` request with ``local_report()``: plain facts read on
+that process (``/dev/shm``, ptrace scope, container markers, CUDA, InfiniBand devices and
+ports, RDMA fork-safety variables, ``TP_SOCKET_IFNAME``, versions, its clock). ``findings``
+turns the reports into findings, each with a level (``ok``, ``note``, ``warn``) and what to
+do; it is a pure function of the reports. ``check()`` asks every live member and adds the
+leader's own checks (the connection file's mode, where the group listens) and the clock
+skew measured against this process.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rpcnb import machine
+from rpcnb.session import protocol, roster, state
+
+SMALL_SHM = 1 << 30  # below 1 GiB of /dev/shm, large tensors fall back or fail
+SKEW_S = 0.5  # clocks further apart than this confuse logs and timelines
+CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")
+
+
+@dataclass
+class Finding:
+    member: str
+    check: str
+    level: str  # "ok", "note" or "warn"
+    detail: str
+    todo: str = ""
+
+
+def _container() -> str:
+    """Why this process looks like it runs in a container ('' when it does not)."""
+    why = [path for path in CONTAINER_FILES if os.path.exists(path)]
+    if os.environ.get("container"):
+        why.append(f"container={os.environ['container']}")
+    cgroup = machine.read_file("/proc/1/cgroup") or ""
+    why += [f"/proc/1/cgroup mentions {word}"
+            for word in ("docker", "kubepods", "containerd", "libpod") if word in cgroup]
+    return ", ".join(why)
+
+
+def _ib_ports() -> dict[str, list[str]]:
+    """InfiniBand device -> 'PORT: STATE' of each of its ports."""
+    out: dict[str, list[str]] = {}
+    for dev in machine.ib_devices():
+        base = f"/sys/class/infiniband/{dev}/ports"
+        try:
+            ports = sorted(os.listdir(base))
+        except OSError:
+            ports = []
+        out[dev] = [f"{p}: {machine.read_file(f'{base}/{p}/state') or '?'}" for p in ports]
+    return out
+
+
+def local_report() -> dict[str, Any]:
+    """This process's facts for the doctor (runs on every member)."""
+    try:
+        st = os.statvfs(machine.SHM_DIR)
+        shm_total, shm_free = st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail
+    except OSError:
+        shm_total = shm_free = -1
+    scope = machine.read_file("/proc/sys/kernel/yama/ptrace_scope")
+    torch = sys.modules.get("torch")
+    cuda_init = bool(torch is not None and torch.cuda.is_initialized())
+    s = state.active()
+    return {
+        "name": s.name if s is not None else "", "host": socket.gethostname(),
+        "pid": os.getpid(), "shm_total": shm_total, "shm_free": shm_free,
+        "ptrace_scope": int(scope) if scope and scope.isdigit() else None,
+        "container": _container(), "ib": _ib_ports(),
+        "fork_safe": {v: os.environ[v] for v in ("RDMAV_FORK_SAFE", "IBV_FORK_SAFE")
+                      if v in os.environ},
+        "cuda_initialized": cuda_init,
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "socket_ifname": os.environ.get("TP_SOCKET_IFNAME", ""),
+        "torch": getattr(torch, "__version__", "") if torch is not None else "",
+        "torch_git": getattr(getattr(torch, "version", None), "git_version", "") or "",
+        "python": platform.python_version(), "time": time.time(),
+    }
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB"
+
+
+def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
+    """The findings for the members' reports (``local_report`` of each, by name; a report
+    may carry ``skew_s``, ``address`` and ``kind`` added by ``check``)."""
+    out: list[Finding] = []
+    for name, r in reports.items():
+        add = lambda check, level, detail, todo="", name=name: out.append(  # noqa: E731
+            Finding(name, check, level, detail, todo))
+        if r["shm_total"] < 0:
+            add("/dev/shm", "warn", "no /dev/shm", "mount a tmpfs on /dev/shm, or use --no-shm")
+        elif r["shm_total"] < SMALL_SHM:
+            add("/dev/shm", "warn", f"{_mb(r['shm_total'])} ({_mb(r['shm_free'])} free)",
+                "containers default to 64 MB: run with --shm-size=8g (docker) or a larger "
+                "tmpfs; tensors larger than what is free go over TensorPipe")
+        else:
+            add("/dev/shm", "ok", f"{_mb(r['shm_total'])} ({_mb(r['shm_free'])} free)")
+        scope = r["ptrace_scope"]
+        if scope is not None and scope >= 2:
+            add("cma", "warn", f"ptrace_scope={scope}: TensorPipe's cma channel cannot read "
+                "other members' memory", "echo 1 > /proc/sys/kernel/yama/ptrace_scope "
+                "(as root), or tensors between members on this host take the slower mpt_uv")
+        elif scope == 1:
+            add("cma", "note", "ptrace_scope=1: cma works between processes of the same user "
+                "that rpcnb started (they are dumpable)",
+                "if %rpc_channels shows basic where you expect cma, set ptrace_scope to 0")
+        else:
+            add("cma", "ok", "no yama restriction" if scope is None else "ptrace_scope=0")
+        if r["container"]:
+            add("container", "note", f"runs in a container ({r['container']})",
+                "check /dev/shm's size and that the members can reach each other's ports")
+        if r["cuda_initialized"] and r.get("kind") in ("kernel", None):
+            add("cuda", "note", "CUDA is initialised in this process",
+                "rpcnb forks its workers from a launcher that never initialises CUDA, so "
+                "this is safe for them; "
+                "do not fork (multiprocessing 'fork') after using CUDA")
+        ib = r["ib"]
+        if ib:
+            add("infiniband", "warn" if len(ib) > 1 else "ok",
+                "; ".join(f"{d} ({', '.join(p) or 'no ports'})" for d, p in ib.items()),
+                "TensorPipe's ibv uses the first device only: with several HCAs, give each "
+                "member the one near its GPU (e.g. export UCX_NET_DEVICES / restrict the "
+                "devices it sees)" if len(ib) > 1 else "")
+            if not r["fork_safe"]:
+                add("rdma fork", "warn", "RDMAV_FORK_SAFE is not set",
+                    "export RDMAV_FORK_SAFE=1 before starting the kernel and workers: a fork "
+                    "with registered memory corrupts RDMA transfers")
+        where = r.get("address") or ""
+        iface = r["socket_ifname"] or "(unset: the interface the host name resolves to)"
+        add("interface", "ok" if r["socket_ifname"] else "note",
+            f"listens on {where or '?'}; TP_SOCKET_IFNAME={iface}",
+            "" if r["socket_ifname"] else "give --interface (or --host) to choose it")
+        skew = r.get("skew_s")
+        if skew is not None:
+            add("clock", "warn" if abs(skew) > SKEW_S else "ok", f"{skew * 1000:+.0f} ms "
+                "against the leader", "run an NTP client (chrony) on both hosts"
+                if abs(skew) > SKEW_S else "")
+    versions = {(r["torch"], r["torch_git"], r["python"]) for r in reports.values()}
+    if len(versions) > 1:
+        for name, r in reports.items():
+            out.append(Finding(name, "versions", "warn",
+                               f"torch {r['torch']} ({r['torch_git'][:8]}), python {r['python']}",
+                               "install the same torch (and with it TensorPipe) and Python "
+                               "on every member: pickles and the RPC wire format differ"))
+    elif reports:
+        torch_v, git, py = versions.pop()
+        out.append(Finding("all", "versions", "ok", f"torch {torch_v} ({git[:8]}), python {py}"))
+    return out
+
+
+def leader_findings(s: state.Session) -> list[Finding]:
+    """The checks only the group's first member can make: its secret and its store."""
+    out: list[Finding] = []
+    path = s.connection_path
+    if path is not None:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError:
+            mode = -1
+        if mode < 0:
+            out.append(Finding(s.name, "token", "note", f"the connection file {path} is gone"))
+        elif mode & 0o077:
+            out.append(Finding(s.name, "token", "warn", f"{path} has mode {oct(mode)}",
+                               f"chmod 600 {path}: it holds the group's secret"))
+        else:
+            out.append(Finding(s.name, "token", "ok", f"{path} is private (mode {oct(mode)})"))
+    where = s.init_method
+    if where.startswith("tcp://"):
+        host = where[6:].rsplit(":", 1)[0]
+        if host in ("127.0.0.1", "localhost", "::1"):
+            out.append(Finding(s.name, "ports", "ok", f"the group meets on {where} (loopback)"))
+        else:
+            out.append(Finding(s.name, "ports", "note", f"the group meets on {where}",
+                               "other hosts reach it there: keep that network private "
+                               "(docs/security.md); traffic is not encrypted"))
+    else:
+        out.append(Finding(s.name, "ports", "ok", "the group meets through a private file "
+                           "(no network port for the store)"))
+    return out
+
+
+def check(timeout: float = 10.0) -> list[Finding]:
+    """Ask every live member for its report and return all findings, the leader's first."""
+    s = state.current()
+    members = roster.live_names(s)
+    t0 = time.time()
+    futs = {n: protocol.call_async(s.token, n, "doctor", timeout=timeout)
+            for n in members if n != s.name}
+    reports = {s.name: local_report()}
+    for name, fut in futs.items():
+        reports[name] = fut.wait()
+        back = time.time()
+        # the member read its clock between t0 and back: compare with the midpoint
+        reports[name]["skew_s"] = (reports[name]["time"] - (t0 + back) / 2
+                                   if back - t0 < 2 * SKEW_S else None)
+    with s.lock:
+        known = dict(s.members)
+    for name, r in reports.items():
+        m = known.get(name)
+        r["address"], r["kind"] = (m.address, m.kind) if m else ("", None)
+    return leader_findings(s) + findings(reports)
+
+
+def to_json(found: list[Finding]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in found]
+
+
+def describe(found: list[Finding]) -> str:
+    """The findings as text, problems first, each with what to do."""
+    order = {"warn": 0, "note": 1, "ok": 2}
+    lines = []
+    for f in sorted(found, key=lambda f: order.get(f.level, 3)):
+        mark = {"warn": "!!", "note": "--", "ok": "ok"}.get(f.level, "?")
+        lines.append(f"{mark} {f.member:<10} {f.check:<11} {f.detail}")
+        if f.todo:
+            lines.append(f"{'':14}{'':11} -> {f.todo}")
+    warns = sum(f.level == "warn" for f in found)
+    lines.append(f"{warns} problem{'s' if warns != 1 else ''} found" if warns else
+                 "nothing to fix")
+    return "\n".join(lines)

@@ -1,0 +1,336 @@
+"""Ship notebook-defined code by value over torch RPC, and record every call.
+
+torch's RPC pickler sends functions and classes by reference, so a function defined in a
+notebook cell fails on the other side, or silently runs the callee's own function of the
+same name. rpcnb swaps in a cloudpickle-based pickler: anything defined in ``__main__``
+(notebook cells, remote cells) travels by value, while tensors and RRefs keep going
+through torch's own tables so device maps and channels still apply. Large CPU tensors to
+a same-host peer take rpcnb's shared memory (``rpcnb.paths.shm``), or UCX where the group asked
+for it (``rpcnb.paths.ucx``). NumPy, CuPy and other
+DLPack arrays travel as tensors too (``rpcnb.paths.arrays``).
+
+While this process is in a group, every payload it sends is signed with the group's key
+and every payload it receives is checked before it is unpickled (``rpcnb.session.rendezvous``).
+``install()`` also hooks torch's rpc_sync / rpc_async / remote so every call this process
+makes is recorded in ``rpcnb.telemetry``. ``watch()`` (what ``%load_ext rpcnb`` calls)
+installs both as soon as the user's code imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.machinery
+import io
+import operator
+import pickle
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+from rpcnb import errors, telemetry
+from rpcnb.paths import arrays, shm, ucx, zerocopy
+from rpcnb.session import rendezvous, state
+from rpcnb.wire import notebook
+
+# Patch once torch's import has finished (it imports torch.distributed.rpc itself):
+# patching in the middle of it would meet half-initialised modules.
+_TARGET = "torch"
+_install_lock = threading.Lock()
+_installed = False
+
+
+def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
+    """torch's ``_InternalRPCPickler.serialize``, with cloudpickle's by-value reducers."""
+
+    from rpcnb.wire import _torch
+
+    f = io.BytesIO()
+    p = _pickler_class()(f, _dispatch_table(obj))
+    # a remote cell's result whose call said zero_copy=False (cells.runner.CellResult)
+    copy = zerocopy.copying() if getattr(obj, "copy_tensors", False) else contextlib.nullcontext()
+    with _torch.send_tables() as tensors, copy:
+        try:
+            p.dump(obj)
+        except Exception as exc:
+            err = notebook.explain(p, exc)
+            if err is exc and type(obj).__name__ != "PythonUDF":  # a result, not a call
+                err = TypeError(errors.NOT_SENDABLE.format(type=_kind(obj), reason=exc))
+            raise err from exc
+    s = state.active()
+    if s is None:
+        return f.getvalue(), tensors
+    return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
+
+
+_original_deserialize: Any = None  # torch's _InternalRPCPickler.deserialize
+
+
+def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
+    """torch's ``deserialize``, for payloads signed with the group's key only: nothing
+    from outside the group is unpickled. A call of a plain Python function runs with its
+    output captured for the member that sent it (``on_call``)."""
+    s = state.active()
+    if s is None:
+        return _original_deserialize(data, tensor_table)
+    signed = rendezvous.unsign(s.sign_key, data)
+    if signed is None:
+        raise PermissionError(rendezvous.UNSIGNED)
+    sender, payload = signed
+    obj = _original_deserialize(payload, tensor_table)
+    if _on_call is not None and type(obj).__name__ == "PythonUDF":
+        from rpcnb.session import protocol  # imports torch: only here, where torch runs already
+
+        if obj.func is not protocol.entry:  # rpcnb's own requests route their output
+            obj = obj._replace(func=_on_call(obj.func, sender))
+    return obj
+
+
+_on_call: Any = None
+
+
+def on_call(wrap: Any) -> None:
+    """``wrap(func, sender)`` -> the function to run instead, for every plain Python call
+    another member makes here (rpcnb.cells.output captures its output with it)."""
+    global _on_call
+    _on_call = wrap
+
+
+_table: tuple[Any, dict[Any, Any]] | None = None  # (what it was built from, the table)
+
+
+def _dispatch_table(obj: Any) -> dict[Any, Any]:
+    """One dict (the C pickler looks every object's type up in it): cloudpickle's
+    reducers under torch's, with tensors to the RPC tensor table or rpcnb's shared memory,
+    and DLPack arrays as tensors (``Table``). Built once, again only when torch's
+    registered reducers change (or for a ScriptModule, which gets a reducer of its own)."""
+    global _table
+    import cloudpickle
+    import torch
+
+    from rpcnb.wire import _torch
+
+    key = _torch.reducers_key()
+    if _table is not None and _table[0] == key and not isinstance(obj, torch.jit.ScriptModule):
+        return _table[1]
+    table = Table(cloudpickle.Pickler.dispatch_table)
+    table.update(_torch.pickler_table(obj))
+    # torch's reducers return classmethods, which cloudpickle would ship by value
+    # (with the thread-local tensor tables in their globals); pickle them by name.
+    table[types.MethodType] = _reduce_method
+    table[torch.Tensor] = functools.partial(_reduce_tensor, _torch.tensor_reducer())
+    if not isinstance(obj, torch.jit.ScriptModule):
+        _table = (key, table)
+    return table
+
+
+def _kind(obj: Any) -> str:
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") \
+        else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
+    """The first path that takes ``tensor``: by handle if it is already in shared memory
+    (``rpcnb.paths.zerocopy``); rpcnb's shared memory in a single-host group (``rpcnb.paths.shm``;
+    faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.paths.ucx``:
+    CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own."""
+    if tensor.device.type == "cpu":
+        shared = zerocopy.export(tensor)
+        if shared is not None:
+            return shared
+    if shm.wants(tensor):
+        start, t0 = telemetry.now(), time.perf_counter()
+        reduced = shm.export(tensor)
+        if reduced is not None:
+            telemetry.record(telemetry.current_peer(), "tensor", start,
+                             time.perf_counter() - t0,
+                             tensor.element_size() * tensor.nelement(), channel="rpcnb_shm")
+            return reduced
+    if ucx.wants(tensor):
+        reduced = ucx.export(tensor)
+        if reduced is not None:
+            return reduced
+    return fallback(tensor)
+
+
+def _reduce_method(m: types.MethodType) -> tuple[Any, tuple[Any, str]]:
+    return getattr, (m.__self__, m.__func__.__name__)
+
+
+# What the C pickler does with an object whose type has no reducer in the table (and is
+# no class): both rpcnb's picklers use this protocol.
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+_default_reduce = operator.methodcaller("__reduce_ex__", PROTOCOL)
+_MAX_TYPES = 20_000
+
+
+class Table(dict):  # type: ignore[type-arg]
+    """A pickler's dispatch table that looks at a type the first time an object of it
+    misses the table: a DLPack array type (``rpcnb.paths.arrays``) gets the reducer that sends
+    its arrays as tensors, any other type the C pickler's own default (``__reduce_ex__``),
+    kept, so that the next object of that type costs one dict lookup as before. Objects
+    of the types a message is mostly made of (tuples, dicts, lists, strings, numbers,
+    functions) never reach the table, so small calls pay nothing for arrays."""
+
+    def __missing__(self, cls: type) -> Any:
+        lib = arrays.library(cls)
+        if lib is not None:
+            reducer: Any = functools.partial(_reduce_array, lib)
+        elif issubclass(cls, type) or len(self) > _MAX_TYPES:
+            raise KeyError(cls)  # a class whose metaclass is not type: pickled by name
+        else:
+            reducer = _default_reduce
+        self[cls] = reducer
+        return reducer
+
+
+def _reduce_array(lib: str, array: Any) -> Any:
+    reduced = arrays.reduce_array(array, lib, host=not _device_route(array))
+    return reduced if reduced is not None else array.__reduce_ex__(PROTOCOL)
+
+
+def _device_route(array: Any) -> bool:
+    """Can this array's tensor travel on its device? A CPU one always; a CUDA one when a
+    device map takes its device to the peer (for a reply: when the agent has the device),
+    as torch requires of a CUDA tensor. Otherwise it goes as a host copy, which the
+    receiver's library puts back on its own current device (as CuPy's pickling did)."""
+    if arrays.is_host(array):
+        return True
+    from rpcnb.wire import _torch
+
+    maps, devices = _torch.cuda_routes()
+    peer = telemetry.current_peer()
+    where = arrays.device(array)
+    return where in maps.get(peer, {}) if peer else where in devices
+
+
+_EXTRACTOR: Any = None
+
+
+def _extractor_base() -> Any:
+    """The base of torch's tensor extractor: notebook's Pickler with a ``Table`` (which
+    then finds a CuPy array's CUDA memory as a tensor instead of copying it to the
+    host to look through it)."""
+    global _EXTRACTOR
+    if _EXTRACTOR is None:
+        import cloudpickle
+
+        class ExtractorBase(notebook.Pickler):  # type: ignore[misc]
+            dispatch_table = Table(cloudpickle.Pickler.dispatch_table)
+
+        _EXTRACTOR = ExtractorBase
+    return _EXTRACTOR
+
+
+_PICKLER: Any = None
+
+
+def _pickler_class() -> Any:
+    global _PICKLER
+    if _PICKLER is None:
+
+        class RpcPickler(notebook.Pickler):  # type: ignore[misc]
+            def __init__(self, file: Any, table: Any) -> None:
+                # The C pickler reads dispatch_table once, in __init__; cloudpickle's class
+                # attribute would shadow a later assignment.
+                self.dispatch_table = table
+                super().__init__(file, protocol=PROTOCOL)
+
+        _PICKLER = RpcPickler
+    return _PICKLER
+
+
+_rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
+
+
+def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any) -> Any:
+    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry."""
+    peer = to if isinstance(to, str) else str(getattr(to, "name", to))
+    index = getattr(func, "rpcnb_op_index", None)
+    if index is not None and isinstance(args, tuple) and len(args) > index:
+        op = str(args[index])  # rpcnb's own request: named by its operation
+    else:
+        op = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
+    with telemetry.sending(peer), zerocopy.collecting() as shared:
+        result = send()
+    is_rref = not hasattr(result, "add_done_callback")
+    try:
+        fut = _rref_future(result) if is_rref else result
+    except Exception:
+        return result
+    if shared:  # the receiver has mapped them once the call completes
+        fut.add_done_callback(lambda _f: zerocopy.release(shared))
+    telemetry.watch(fut, peer, ("remote:" if is_rref else "") + op,
+                    telemetry.tensor_bytes(args, kwargs))
+    return result
+
+
+def install() -> None:
+    """Make torch's RPC pickler ship ``__main__`` code by value, and record every call
+    (idempotent). Imports torch; ``watch()`` defers it until the user's code does."""
+    global _installed
+    loading = sys.modules.get("rpcnb.wire._torch")
+    if loading is not None and not getattr(loading, "LOADED", False):
+        return  # rpcnb.wire._torch is importing torch right now; start_member installs later
+    with _install_lock:
+        if _installed:
+            return
+        from rpcnb.wire import _torch
+
+        global _rref_future, _original_deserialize
+        _rref_future = _torch.rref_future
+        _original_deserialize = _torch.rpc_pickler().deserialize
+        _torch.patch_serialize(_serialize, _deserialize)
+        # With devices set, torch finds the CUDA tensors in a Python result by pickling
+        # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
+        # (and a CuPy array would be copied to the host to be looked through)
+        _torch.replace_tensor_extractor(_extractor_base())
+        notebook.REPLACED.update(_torch.hook_calls(_record_call))
+        _installed = True
+
+
+def is_installed() -> bool:
+    return _installed
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._inner.exec_module(module)
+        install()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the pickler right after torch is first imported."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            from importlib.util import find_spec
+
+            spec = find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def watch() -> None:
+    """Install now if torch is already imported, else as soon as it is."""
+    if _TARGET in sys.modules:
+        install()
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

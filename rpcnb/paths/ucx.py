@@ -1,0 +1,456 @@
+"""rpcnb's opt-in UCX path for large tensors (``%rpc_init --ucx``, or ``RPCNB_UCX=1``).
+
+With it, a tensor of at least ``threshold`` bytes that rpcnb's pickler meets (call
+arguments and results, ``--push``, ``--fetch``, ``%%remote`` results, ``to_here()``) stays
+in the sender's outbox under a 64-bit tag, and only the tag (with dtype, shape and device)
+travels in the RPC message. The receiver, while it unpickles the message, posts a UCX
+receive for that tag into a tensor of its own, then asks the sender over rpcnb's RPC
+(``ucx_pull``, token-checked like every request) to send it; that request carries the
+receiver's UCX worker address, so the sender opens its endpoint to the receiver lazily, the
+first time, and keeps it. The receiver gets a new tensor: copy semantics, as on the other
+paths. A CPU tensor is received into a buffer of this process's pool (pre-faulted huge
+pages, taken back when the tensor is freed): the first write into a fresh tensor's pages
+costs more than the transfer itself.
+
+UCX picks the wire itself (shared memory and CMA on one host, TCP, InfiniBand/RoCE, CUDA
+IPC, GPUDirect RDMA); telemetry records which one each endpoint uses, as ``ucx: tcp``.
+Its TCP transport listens only where TensorPipe does (``lo`` on one host).
+Endpoints between hosts use UCX's peer error handling (a dead peer fails the transfer);
+on one host that mode would leave UCX only TCP, so rpcnb detects a dead peer itself
+there. There is no progress thread: the two threads that wait for a transfer drive it.
+
+Nothing imports ``ucxx`` unless the group asked for UCX. CUDA tensors are written to take
+the same path (UCX reads ``__cuda_array_interface__``) but are untested here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import mmap
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+from rpcnb import errors, telemetry
+from rpcnb.paths import shm
+from rpcnb.session import state
+from rpcnb.wire import options
+
+ENV = options.UCX_ENV
+DEFAULT_THRESHOLD = 1 << 20  # 1 MB
+DEFAULT_POOL_BYTES = 1 << 30  # receive buffers kept for reuse, at most
+PULL = "ucx_pull"
+HUGE = 2 << 20  # a transparent huge page
+MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
+
+DEFAULT_TCP_THRESHOLD = 32 << 20  # where UCX over TCP overtakes TensorPipe (docs/ucx.md)
+
+_threshold = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
+# to a peer that UCX reaches over TCP (known after the first transfer), and in a reply
+# when every peer so far is over TCP: below it, TensorPipe's own TCP is faster
+tcp_threshold = int(os.environ.get("RPCNB_UCX_TCP_THRESHOLD", DEFAULT_TCP_THRESHOLD))
+_pool_limit = int(os.environ.get("RPCNB_UCX_POOL_BYTES", DEFAULT_POOL_BYTES))
+_idle = float(os.environ.get("RPCNB_UCX_IDLE_S", 30))
+_lock = threading.RLock()  # one worker, driven from several threads: one at a time
+_api: Any = None  # ucxx._lib.libucxx, once loaded
+_array: Any = None  # ucxx._lib.arr.Array
+_ctx: Any = None
+_worker: Any = None
+_address = b""
+_group: str | None = None
+_eps: dict[str, Any] = {}  # peer name -> endpoint
+_transports: dict[str, str] = {}  # peer name -> the UCX transport its endpoint moves data on
+_outbox: dict[int, tuple[Any, float, str]] = {}  # tag -> (flat bytes, when, to whom or '')
+_abandoned: list[tuple[Any, Any]] = []  # (request, buffer) that UCX may still write into
+_free: list[tuple[mmap.mmap, float]] = []  # receive buffers no tensor uses, since when
+_pool_bytes = 0  # of every receive buffer the pool made, in use or free
+_tags = itertools.count(1)
+_tag_base = 0
+_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "failed": 0,
+          "receiving": 0, "sending": 0, "reused": 0}  # transfers this process waits for now
+
+
+def requested(flag: bool | None = None) -> bool:
+    """``flag`` when given, else whether ``RPCNB_UCX`` asks for the path."""
+    return options.ucx_option(flag, check=False)
+
+
+def option(flag: bool | None = None) -> bool:
+    """The group's ``ucx`` option (``requested``), checked: RpcnbError with UCX_MISSING
+    when it is on and ucxx is not installed, before anything starts."""
+    return options.ucx_option(flag)
+
+
+def _load() -> None:
+    global _api, _array
+    if _api is not None:
+        return
+    options.ucx_option(True)  # UCX_MISSING when ucxx is not installed
+    # ucxx asks UCX to stage rendezvous fragments in CUDA memory, which a machine without a
+    # GPU does not have (TCP then runs at a quarter of its speed); UCX also warns about
+    # variables it does not know, such as the one ucxx sets for CUDA.
+    from rpcnb import machine
+
+    if not machine.cuda_devices():
+        os.environ.setdefault("UCX_RNDV_FRAG_MEM_TYPE", "host")
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    try:
+        import ucxx._lib.libucxx as api
+        from ucxx._lib.arr import Array
+    except ImportError as exc:
+        raise errors.RpcnbError(errors.UCX_BROKEN.format(
+            reason=exc, extra=options.ucx_extra())) from exc
+    _api, _array = api, Array
+
+
+def activate(s: Any) -> None:
+    """This process joins group ``s`` with the UCX path: load ucxx, make its worker."""
+    global _ctx, _worker, _address, _group, _tag_base
+    _load()
+    with _lock:
+        _ctx = _api.UCXContext(config_dict=_config(s), feature_flags=(_api.Feature.TAG,))
+        _worker = _api.UCXWorker(_ctx)
+        _address = bytes(_worker.address)
+        # tags are unique in the group: rank, then this process, then a counter
+        _tag_base = ((s.rank & 0xFFFF) << 48) | ((os.getpid() & 0xFFFF) << 32)
+        _group = s.group_id
+
+
+def _config(s: Any) -> dict[str, str]:
+    """UCX's settings for group ``s``: its TCP transport listens only where TensorPipe
+    does (``lo`` on one host, the group's interface between hosts), never on every
+    interface of the machine. ``UCX_NET_DEVICES`` in the environment wins."""
+    if os.environ.get("UCX_NET_DEVICES"):
+        return {}
+    iface = os.environ.get("TP_SOCKET_IFNAME", "") if not s.one_host else ""
+    return {"NET_DEVICES": iface or "lo"}
+
+
+def is_active() -> bool:
+    return _group is not None
+
+
+def deactivate() -> None:
+    """Close every endpoint and the worker (nothing of UCX is left in this process)."""
+    global _ctx, _worker, _group
+    with _lock:
+        if _group is None and _worker is None:
+            return
+        _group = None
+        for ep in _eps.values():
+            with contextlib.suppress(Exception):
+                ep.close_blocking(period=1000, max_attempts=100)
+        _eps.clear()
+        _transports.clear()
+        _outbox.clear()
+        if _worker is not None:
+            with contextlib.suppress(Exception):
+                _worker.cancel_inflight_requests(period=1000, max_attempts=100)
+        _abandoned.clear()
+        _worker = None
+        _ctx = None
+        _trim(float("inf"))  # buffers tensors still use are unmapped when those are freed
+
+
+def stats() -> dict[str, Any]:
+    with _lock:
+        return dict(_stats, endpoints=len(_eps), outbox=len(_outbox),
+                    transports=dict(_transports), pool_bytes=_pool_bytes,
+                    pool_free=len(_free))
+
+
+def transports() -> dict[str, str]:
+    """Peer -> the UCX transport this process's endpoint to it moves data on."""
+    with _lock:
+        return dict(_transports)
+
+
+def wants(tensor: Any) -> bool:
+    """Should this tensor take the UCX path?"""
+    if _group is None or shm.is_suppressed():
+        return False
+    import torch
+
+    return (
+        tensor.device.type in ("cpu", "cuda")
+        and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
+        and tensor.layout == torch.strided
+        and not tensor.is_quantized
+        and tensor.element_size() * tensor.nelement() >= _threshold_to(telemetry.current_peer())
+    )
+
+
+def _threshold_to(peer: str) -> int:
+    """The size from which a tensor to ``peer`` ('' in a reply) takes UCX."""
+    with _lock:
+        known = [_transports[peer]] if peer in _transports else (
+            list(_transports.values()) if not peer else [])
+    if known and all(t == "tcp" for t in known):
+        return max(_threshold, tcp_threshold)
+    return _threshold
+
+
+def _sweep(s: Any, now: float) -> None:
+    """Drop tensors nobody pulled within twice the group's RPC timeout (their message was
+    lost), and at once those sent to a member that died since (under ``_lock``)."""
+    timeout = float(s.options.get("timeout", 60.0)) * 2
+    for tag, (_, when, peer) in list(_outbox.items()):
+        if now - when > timeout or (peer and peer in s.dead):
+            del _outbox[tag]
+
+
+def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """Keep ``tensor`` in the outbox; the reduce tuple that pulls it on the receiver."""
+    import torch
+
+    s = state.active()
+    if s is None:
+        return None
+    flat = tensor.detach()
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    flat = flat.reshape(-1).view(torch.uint8)
+    now = time.monotonic()
+    with _lock:
+        _sweep(s, now)
+        tag = _tag_base | (next(_tags) & 0xFFFFFFFF)
+        _outbox[tag] = (flat, now, telemetry.current_peer())  # '' in a reply
+    return _rebuild, (s.name, tag, str(tensor.dtype), tuple(tensor.shape), str(tensor.device),
+                      flat.numel())
+
+
+def _buffer(t: Any) -> Any:
+    """What ucxx wraps: NumPy's view of a CPU tensor, a CUDA tensor as it is."""
+    return _array(t.numpy() if t.device.type == "cpu" else t)
+
+
+def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: str,
+             nbytes: int) -> Any:
+    """On the receiver: a new tensor, filled over UCX from the sender's outbox."""
+    import torch
+
+    from rpcnb.session import protocol
+
+    s = state.active()
+    if s is None or _group is None:
+        raise RuntimeError(errors.UCX_NOT_ON.format(sender=sender,
+                                                    name=s.name if s else "outside any group"))
+    if device.startswith("cuda"):
+        # untested (no GPU here): the sender's device index when this member has it
+        index = torch.device(device).index or 0
+        device = device if index < torch.cuda.device_count() else "cuda"
+    if device == "cpu":
+        out = _host_buffer(nbytes)
+    else:
+        out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    with _lock:
+        req = _worker.tag_recv(_buffer(out), _api.UCXXTag(tag))
+        _stats["receiving"] += 1
+    try:
+        fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None)
+        _wait(s, req, out, sender, fut)
+    finally:
+        with _lock:
+            _stats["receiving"] -= 1
+    with _lock:
+        _stats["received"] += 1
+        _stats["received_bytes"] += nbytes
+    torch_dtype = getattr(torch, dtype.replace("torch.", ""))
+    return out.view(torch_dtype).view(shape)
+
+
+def _host_buffer(nbytes: int) -> Any:
+    """A flat uint8 CPU tensor of ``nbytes`` to receive into, over a buffer of the pool.
+
+    A fresh tensor's pages are faulted in by UCX's first write, one 4 kB page at a time,
+    which costs more than the transfer itself (0.3 GB/s on the development VM). The pool
+    keeps buffers of transparent huge pages, faulted in once, and takes each one back when
+    the tensor over it (and every view of it) is freed; past ``RPCNB_UCX_POOL_BYTES`` a
+    receive gets a fresh tensor. Buffers idle for ``RPCNB_UCX_IDLE_S`` seconds are
+    unmapped at the next receive, and all at shutdown.
+    """
+    import torch
+
+    global _pool_bytes
+    mm = None
+    with _lock:
+        now = time.monotonic()
+        _trim(now - _idle)
+        fits = [b for b in _free if nbytes <= len(b[0]) <= 2 * nbytes + HUGE]
+        if fits:
+            best = min(fits, key=lambda b: len(b[0]))
+            _free.remove(best)
+            mm = best[0]
+            _stats["reused"] += 1
+        else:
+            size = -(-nbytes // HUGE) * HUGE
+            if _pool_bytes + size > _pool_limit:
+                _trim(now)  # make room from the idle ones, however recent
+            if _pool_bytes + size <= _pool_limit:
+                mm = _new_buffer(size)
+                _pool_bytes += size if mm is not None else 0
+    if mm is None:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    view = memoryview(mm)[:nbytes]
+    weakref.finalize(view, _give_back, mm)
+    out = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
+    del view  # only the tensor's storage holds it now
+    return out
+
+
+def _new_buffer(size: int) -> mmap.mmap | None:
+    try:
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError, AttributeError):
+        mm.madvise(mmap.MADV_HUGEPAGE)  # 512 times fewer page faults where THP is on
+    with contextlib.suppress(OSError):
+        mm.madvise(MADV_POPULATE_WRITE)  # all of them now, in one go
+    return mm
+
+
+def _give_back(mm: mmap.mmap) -> None:
+    """The last tensor over ``mm`` was freed: keep it for the next receive."""
+    global _pool_bytes
+    with _lock:
+        if _group is not None:
+            _free.append((mm, time.monotonic()))
+            return
+        _pool_bytes -= len(mm)
+    mm.close()
+
+
+def _trim(before: float) -> None:
+    """Unmap the free buffers idle since before ``before`` (under ``_lock``)."""
+    global _pool_bytes
+    for entry in [b for b in _free if b[1] < before]:
+        _free.remove(entry)
+        _pool_bytes -= len(entry[0])
+        entry[0].close()
+
+
+def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
+    """On the sender (``ucx_pull``): send the tensor under ``tag`` to ``receiver``, and
+    wait until it is there; returns the UCX transport it took."""
+    with _lock:
+        entry = _outbox.pop(tag, None)
+        if entry is None or _worker is None:
+            raise RuntimeError(errors.UCX_GONE.format(peer=receiver))
+        flat = entry[0]
+        ep = _eps.get(receiver)
+        if ep is None:
+            peer = _api.UCXAddress.create_from_buffer(address)
+            # Between hosts UCX's error handling fails a transfer to a dead peer; on one
+            # host it would rule out shared memory and CMA (rpcnb notices the death itself)
+            ep = _worker.create_endpoint_from_worker_address(peer, not s.one_host)
+            _eps[receiver] = ep
+        start, t0 = telemetry.now(), time.perf_counter()
+        req = ep.tag_send(_buffer(flat), _api.UCXXTag(tag))
+        _stats["sending"] += 1
+    try:
+        _wait(s, req, flat, receiver, None)
+    finally:
+        with _lock:
+            _stats["sending"] -= 1
+    duration = time.perf_counter() - t0
+    with _lock:
+        transport = _transports.get(receiver) or _transport_of(ep)
+        _transports[receiver] = transport
+        _stats["sent"] += 1
+        _stats["sent_bytes"] += flat.numel()
+    telemetry.record(receiver, "tensor", start, duration, flat.numel(),
+                     channel=f"ucx: {transport}")
+    return transport
+
+
+def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
+    """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
+    error naming ``peer`` when it dies, fails, or the group ends first."""
+    timeout = float(s.options.get("timeout", 60.0))
+    deadline = time.monotonic() + timeout
+    idle = 0
+    while True:
+        with _lock:
+            if _worker is None:
+                reason = "this member left the group"
+                break
+            progressed = _worker.progress_once()
+            done = req.completed
+        if done:
+            try:
+                req.check_error()
+            except Exception as exc:
+                reason = f"UCX: {exc}"
+                break
+            if fut is not None:
+                # the sender's answer: once it is here, its telemetry has the transfer
+                # (not waiting would save a message's latency, 1-2 ms)
+                try:
+                    fut.wait()
+                except Exception as exc:
+                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    break
+            return
+        if peer in s.dead:
+            reason = f"{peer} died ({s.dead[peer]})"
+        elif fut is not None and fut.done():
+            try:
+                fut.wait()
+                continue  # the sender is done; the last bytes are on their way
+            except Exception as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        elif time.monotonic() > deadline:
+            reason = f"no progress within the group's RPC timeout ({timeout:g} s)"
+        else:
+            idle = 0 if progressed else idle + 1
+            if idle > 64:  # nothing moving: let the other threads (and processes) run
+                time.sleep(0.0005)
+            continue
+        break
+    with _lock:
+        _stats["failed"] += 1
+        _abandoned.append((req, buf))  # UCX may still write there until the worker closes
+        ep = _eps.pop(peer, None)
+        _transports.pop(peer, None)
+    if ep is not None:
+        with contextlib.suppress(Exception):
+            ep.close()
+    raise RuntimeError(errors.UCX_PEER_LOST.format(peer=peer, reason=reason))
+
+
+def _transport_of(ep: Any) -> str:
+    """The transport of the endpoint's bulk-data lane, from ``ucp_ep_print_info``."""
+    try:
+        text = _ep_info(ep)
+    except (OSError, AttributeError):
+        return "?"
+    lanes = [line for line in text.splitlines() if "lane[" in line]
+    for kind in ("rma_bw", "am_bw", " am"):
+        for line in lanes:
+            if kind in line:
+                # "#   lane[1]:  5:cma/memory.0 md[4] -> ... rma_bw#0"
+                field = line.split("]:", 1)[1].split()[0]
+                return field.split(":", 1)[-1].split("/", 1)[0]
+    return "?"
+
+
+def _ep_info(ep: Any) -> str:
+    libucp = ctypes.CDLL("libucp.so.0")  # loaded already, by ucxx
+    libc = ctypes.CDLL(None)
+    libc.open_memstream.restype = ctypes.c_void_p
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        raise OSError("open_memstream failed")
+    try:
+        libucp.ucp_ep_print_info(ctypes.c_void_p(ep.handle), ctypes.c_void_p(stream))
+    finally:
+        libc.fclose(ctypes.c_void_p(stream))
+    text = (buf.value or b"").decode(errors="replace")
+    libc.free(buf)
+    return text

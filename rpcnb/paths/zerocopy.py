@@ -1,0 +1,206 @@
+"""Zero-copy for CPU tensors that already live in shared memory, between members on one
+host: sent by handle, and the receiver maps the same pages.
+
+A tensor whose storage torch keeps in shared memory (``share_memory_()``, a tensor that
+came through a ``torch.multiprocessing`` queue, or one that arrived here this way) is not
+copied: only a handle travels (the sender's pid and the storage's file descriptor, or the
+file-system strategy's name), and the receiver builds a tensor over the same pages. So is
+a tensor over another member's pool buffer (one that arrived by ``rpcnb.paths.shm``'s copy
+path) when it is sent on: the receiver maps the buffer too and takes its slot in the
+buffer's header (``shm.map_forwarded``), so the buffer's creator reuses it only when
+every holder has let go. The sender marks the buffer in transit in the same header (a
+byte of its own, which the receiver clears once it holds the buffer), so nothing is held
+for a reply. This
+has **sharing semantics**, as ``torch.multiprocessing``'s queues do: a write on either
+side is seen by the other, for as long as both hold the tensor (docs/channels.md, "The
+shared-memory paths"). Every other large CPU tensor keeps copy semantics (``rpcnb.paths.shm``).
+
+Off per group (``%rpc_init --no-zero-copy``, ``rpcnb.init(zero_copy=False)``,
+``RPCNB_ZERO_COPY=0``; ``--no-shm`` turns it off too), per call (``rpcnb.run(...,
+zero_copy=False)``, ``%%remote --copy``) and for a block of code (``with
+rpcnb.copying():``): the tensor is then copied like any other.
+
+The sender keeps each storage it sent alive until the call it went with has completed
+(the receiver has mapped it by then), and a reply's storage for ``HOLD_S`` seconds, so a
+tensor dropped right after ``rpc_async`` still reaches the receiver. The receiver checks
+that the descriptor still names the same file (its inode), so it never maps anything
+else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rpcnb import errors, telemetry
+from rpcnb.paths import shm
+from rpcnb.session import state
+
+CHANNEL = "zero_copy"  # the path's name in telemetry, the channel monitor and %rpc_channels
+HOLD_S = float(os.environ.get("RPCNB_ZERO_COPY_HOLD_S", 30))
+
+_env_on = os.environ.get("RPCNB_ZERO_COPY", "1").lower() not in ("0", "false", "no", "off")
+_local = threading.local()
+_lock = threading.Lock()
+_keys = itertools.count(1)
+_held: dict[int, tuple[Any, float]] = {}  # key -> (storage, monotonic deadline)
+_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0}
+
+
+def is_on() -> bool:
+    """Whether this process sends shared tensors by handle now (this thread included)."""
+    if not _env_on or getattr(_local, "copy", False) or not shm.open_here():
+        return False
+    s = state.active()
+    return s is not None and bool(s.options.get("zero_copy", True))
+
+
+@contextlib.contextmanager
+def copying() -> Iterator[None]:
+    """Inside this block, this thread copies shared tensors too (copy semantics)."""
+    old = getattr(_local, "copy", False)
+    _local.copy = True
+    try:
+        yield
+    finally:
+        _local.copy = old
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[int]]:
+    """Around one send: the keys of the storages it sent by handle, to ``release`` when
+    its call has completed."""
+    old = getattr(_local, "pending", None)
+    keys: list[int] = []
+    _local.pending = keys
+    try:
+        yield keys
+    finally:
+        _local.pending = old
+
+
+def release(keys: list[int]) -> None:
+    """The call these storages went with has completed: stop holding them."""
+    with _lock:
+        for key in keys:
+            _held.pop(key, None)
+
+
+def trim() -> None:
+    """Stop holding storages whose reply had ``HOLD_S`` seconds to arrive."""
+    now = time.monotonic()
+    with _lock:
+        for key in [k for k, (_, until) in _held.items() if until < now]:
+            del _held[key]
+
+
+def forget() -> None:
+    """This process left its group: hold nothing."""
+    with _lock:
+        _held.clear()
+
+
+shm.on_trim(trim)
+shm.on_deactivate(forget)
+
+
+def stats() -> dict[str, int]:
+    """Tensors (and bytes) sent and received by handle, storages held for calls in flight."""
+    with _lock:
+        return dict(_stats, held=len(_held))
+
+
+def _count(**more: int) -> None:
+    with _lock:
+        for key, n in more.items():
+            _stats[key] += n
+
+
+def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """The reduce tuple that maps ``tensor``'s shared storage on the receiver, or None
+    when it is not shared memory this path can hand over (or the path is off)."""
+    if tensor.device.type != "cpu" or tensor.requires_grad or not is_on():
+        return None
+    import torch
+
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        return None
+    from rpcnb.wire import _torch
+
+    start, t0 = telemetry.now(), time.perf_counter()
+    handle = _torch.shared_storage_handle(tensor) if tensor.is_shared() else None
+    if handle is None:
+        # a tensor over a peer's pool buffer (it arrived by rpcnb_shm, or so): the buffer's
+        # name; the receiver takes a slot in its header, so its creator keeps it
+        origin = shm.origin_of(tensor)
+        s = state.active()
+        token = None if origin is None or s is None else shm.in_transit(origin[0], origin[1], s.rank)
+        if origin is None or token is None:
+            return None
+        where: tuple[Any, ...] = ("pool", *origin, token)
+    elif handle[0] == "fd":
+        ino = os.fstat(handle[1]).st_ino
+        where = ("fd", os.getpid(), handle[1], ino, handle[2])
+    else:
+        where = handle
+    if where[0] != "pool":  # a pool buffer is kept by its in-transit byte instead
+        key = next(_keys)
+        pending = getattr(_local, "pending", None)
+        with _lock:
+            _held[key] = (tensor.untyped_storage(), time.monotonic() + HOLD_S)
+        if pending is not None:
+            pending.append(key)
+    nbytes = tensor.element_size() * tensor.nelement()
+    _count(sent=1, sent_bytes=nbytes)
+    telemetry.record(telemetry.current_peer(), "tensor", start, time.perf_counter() - t0,
+                     nbytes, channel=CHANNEL)
+    return _rebuild, (where, str(tensor.dtype), tensor.storage_offset(),
+                      tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def _rebuild(where: tuple[Any, ...], dtype: str, offset: int, shape: tuple[int, ...],
+             stride: tuple[int, ...]) -> Any:
+    """On the receiver: a tensor over the sender's shared storage (the same pages)."""
+    import torch
+
+    from rpcnb.wire import _torch
+
+    if where[0] == "pool":
+        _, name, total, nbytes, token = where
+        s = state.active()
+        try:
+            storage = shm.map_forwarded(name, total, nbytes, s.rank if s is not None else -1,
+                                        token)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
+                where=f"buffer {name}", reason=exc)) from None
+    elif where[0] == "fd":
+        _, pid, fd, ino, size = where
+        try:
+            local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+        except OSError as exc:
+            raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
+                where=f"process {pid}", reason=exc)) from None
+        try:
+            if os.fstat(local).st_ino != ino:
+                raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
+                    where=f"process {pid}", reason="the tensor was freed before it arrived"))
+            storage = _torch.storage_from_fd(local, size)
+        finally:
+            os.close(local)
+    else:
+        _, manager, name, size = where
+        try:
+            storage = _torch.storage_from_name(manager, name, size)
+        except RuntimeError as exc:
+            raise RuntimeError(errors.ZERO_COPY_UNREACHABLE.format(
+                where=name.decode(errors="replace"), reason=exc)) from None
+    torch_dtype = getattr(torch, dtype.replace("torch.", ""))
+    tensor = torch.empty(0, dtype=torch_dtype).set_(storage, offset, shape, stride)
+    _count(received=1, received_bytes=tensor.element_size() * tensor.nelement())
+    return tensor

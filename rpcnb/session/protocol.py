@@ -1,0 +1,83 @@
+"""How members ask each other for things.
+
+Every rpcnb request between members is one torch RPC to ``entry(token, op, args)``:
+``entry`` checks the group token first, then runs the operation ``op`` from the table
+that ``rpcnb.membership.handlers`` fills (all of rpcnb's operations are listed there, and nowhere
+else). ``call``, ``call_async`` and ``remote`` send such requests.
+
+``entry`` is ``async_execution``: an operation that waits (a remote cell) returns a torch
+Future and frees torch's RPC thread at once; the others return a value, handed back in a
+finished Future. An exception raised by an operation reaches the caller as torch raises
+any remote exception.
+
+Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+
+from rpcnb.session import state
+
+UNKNOWN_OP = "rpcnb has no operation {op!r} here: is this member's rpcnb the same version?"
+NOT_SERVING = "this process answers no rpcnb requests (rpcnb.membership.handlers is not installed)"
+
+_ops: dict[str, Callable[..., Any]] = {}
+
+
+def serve(ops: dict[str, Callable[..., Any]]) -> None:
+    """Answer requests with ``ops`` (``{name: handler(session, *args)}``)."""
+    _ops.update(ops)
+
+
+def operations() -> list[str]:
+    """The names of the operations this process answers."""
+    return sorted(_ops)
+
+
+@rpc.functions.async_execution
+def entry(token: Any, op: Any, args: Any) -> torch.futures.Future:
+    """The one torch RPC target of rpcnb: token first, then the operation."""
+    s = state.verified(token)
+    if not _ops:
+        raise RuntimeError(NOT_SERVING)
+    handler = _ops.get(op) if isinstance(op, str) else None
+    if handler is None:
+        raise RuntimeError(UNKNOWN_OP.format(op=op))
+    result = handler(s, *args)
+    if isinstance(result, torch.futures.Future):
+        return result
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(result)
+    return done
+
+
+# telemetry names a call to ``entry`` by its operation (the second argument), not "entry"
+entry.rpcnb_op_index = 1  # type: ignore[attr-defined]
+
+
+def _timeout(timeout: float | None) -> float:
+    from rpcnb.wire import _torch
+
+    return _torch.UNSET_RPC_TIMEOUT if timeout is None else timeout
+
+
+def call(token: str, to: str, op: str, *args: Any, timeout: float | None = 5.0) -> Any:
+    """Ask member ``to`` to run ``op(*args)`` and wait for the answer (``timeout`` in
+    seconds; None: the group's RPC timeout; 0: none)."""
+    return rpc.rpc_sync(to, entry, args=(token, op, args), timeout=_timeout(timeout))
+
+
+def call_async(token: str, to: str, op: str, *args: Any,
+               timeout: float | None = 5.0) -> torch.futures.Future:
+    """``call`` without waiting: a torch Future of the answer."""
+    return rpc.rpc_async(to, entry, args=(token, op, args), timeout=_timeout(timeout))
+
+
+def remote(token: str, to: str, op: str, *args: Any) -> Any:
+    """An RRef owned by ``to`` to the value ``op(*args)`` returns there."""
+    return rpc.remote(to, entry, args=(token, op, args))

@@ -1,0 +1,177 @@
+"""Who is in the group: names and ranks claimed in the store (never reused), members
+admitted by the leader (they proved they know the secret), targets resolved to live
+members, and dead members removed from torch's dynamic group so it stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from rpcnb import errors
+from rpcnb.errors import RpcnbError, WorkerDiedError
+from rpcnb.session import protocol, rendezvous
+from rpcnb.session.state import ALL, Member, Session
+from rpcnb.wire import _torch
+
+MAX_RANK = 32767  # torch's worker ids are int16
+
+# torch's distributed autograd keeps the first worker id a process had and refuses any
+# other one later; so a process keeps its first rank in every group it is in after that.
+_first_rank: int | None = None
+
+
+def fixed_rank() -> int | None:
+    """The rank this process must keep (None before its first group)."""
+    return _first_rank
+
+
+def keep_rank(rank: int) -> None:
+    global _first_rank
+    _first_rank = rank
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def claim_rank(store: Any, rank: int) -> bool:
+    """Take ``rank`` in this group's store; False when someone had it."""
+    mine = f"{os.getpid()}-{uuid.uuid4().hex}"
+    return bool(store.compare_set(f"rpcnb/rank/{rank}", "", mine).decode() == mine)
+
+
+def next_rank(store: Any) -> int:
+    """A rank nobody in this group had: counted up, skipping ranks already claimed."""
+    while True:
+        rank = int(store.add("rpcnb/next_rank", 1))
+        if rank > MAX_RANK:
+            raise RpcnbError(f"This group has used up its ranks ({MAX_RANK}): start a new group.")
+        if claim_rank(store, rank):
+            return rank
+
+
+def claim_name(store: Any, name: str) -> None:
+    """Take ``name`` for good in this group (RpcnbError NAME_TAKEN if it was ever used)."""
+    mine = f"{os.getpid()}-{uuid.uuid4().hex}"
+    got = store.compare_set(f"rpcnb/used/{name}", "", mine).decode()
+    if got != mine:
+        raise RpcnbError(errors.NAME_TAKEN.format(name=name))
+
+
+def publish(store: Any, name: str, devices: list[str],
+            device_map: dict[str, Any] | None) -> None:
+    """Put ``name``'s devices and device map where a later joiner checks its own map
+    against them before it joins (torch would only find a mismatch inside init_rpc, and
+    then hang for rpc_timeout holding the group's token)."""
+    key = "rpcnb/devices"
+    entry = {"devices": list(devices), "device_map": device_map or {}}
+    while True:
+        old = store.get(key).decode() if store.check([key]) else ""
+        table = json.loads(old) if old else {}
+        table[name] = entry
+        new = json.dumps(table, sort_keys=True)
+        if store.compare_set(key, old, new).decode() == new:
+            return
+
+
+def published(store: Any) -> dict[str, dict[str, Any]]:
+    """Every member's devices and device map, as ``publish`` put them."""
+    key = "rpcnb/devices"
+    return json.loads(store.get(key).decode()) if store.check([key]) else {}
+
+
+# --------------------------------------------------------------------------- admission
+
+
+def admit(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) -> Any:
+    """On the leader: ``name`` asks to be admitted. Without the secret it is dropped from
+    torch's group before rpcnb lists it or sends it anything (None); with it, it becomes
+    a member, watched by pid, and learns who else is in."""
+    if not rendezvous.verify(rendezvous.proof(s.secret, name, rank), proof):
+        threading.Thread(target=forget, args=(s, name), name="rpcnb-refuse", daemon=True).start()
+        return None
+    with s.lock:
+        s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
+                                 info["devices"], info.get("gpus", ""),
+                                 address=info.get("address", ""))
+        if info.get("facts"):
+            s.facts[name] = info["facts"]
+    return s.admitted()
+
+
+def live_names(s: Session) -> list[str]:
+    """Members that are alive and admitted, by rank."""
+    names = [n for n in _torch.member_names() if n not in s.dead]
+    with s.lock:
+        unknown = any(n not in s.members for n in names)
+    if unknown and not s.is_leader:
+        refresh(s)
+    with s.lock:
+        return [n for n in names if n in s.members]
+
+
+def refresh(s: Session) -> None:
+    """Non-leaders learn who was admitted from the leader."""
+    try:
+        admitted = protocol.call(s.token, s.leader, "registry", timeout=5)
+    except Exception:
+        return
+    with s.lock:
+        for name, rank in admitted:
+            s.members.setdefault(name, Member(name, rank))
+
+
+def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], bool]:
+    """Worker names for ``target`` ('w1', 'w1,w2', a list, or ALL); and whether the
+    result is a dict (several targets named)."""
+    live = live_names(s)
+    if target is None or target == ALL:
+        names = [n for n in live if n != s.name]
+        if not names:
+            raise RpcnbError(errors.NO_WORKERS)
+        return names, True
+    if isinstance(target, str):
+        parts = [p.strip() for p in target.split(",")]
+        many = "," in target
+    else:
+        parts = [str(p).strip() for p in target]
+        many = True
+    names = []
+    for p in parts:
+        if not p:
+            continue
+        if p in s.dead:
+            raise WorkerDiedError(s.death_message(p), p)
+        if p not in live:
+            raise RpcnbError(errors.UNKNOWN_WORKER.format(name=p, known=", ".join(live)))
+        if p not in names:
+            names.append(p)
+    if not names:
+        raise RpcnbError(errors.UNKNOWN_WORKER.format(name=str(target), known=", ".join(live)))
+    return names, many
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def forget(s: Session, name: str, steal_any: bool = False) -> None:
+    """Remove ``name`` from torch's dynamic group (it died, or was refused), here and in
+    every other member, so later joins and the final shutdown do not wait for it."""
+    def tell(other: str, info: Any) -> None:
+        protocol.call(s.token, other, "drop_member", info, timeout=5)
+
+    _torch.remove_member(name, tell, steal_any=steal_any)
+
+
+def broadcast_death(s: Session, name: str, how: str) -> None:
+    """Tell every other live member that ``name`` died, so their calls fail fast too."""
+    for other in live_names(s):
+        if other not in (s.name, name):
+            try:
+                protocol.call_async(s.token, other, "member_died", name, how, timeout=5)
+            except Exception:
+                pass

@@ -1,0 +1,249 @@
+"""This process's membership in a group, as one object: who it is, who the others are,
+which of them died, its calls in flight, the processes it started.
+
+RPC threads, the death watcher and the notebook's thread all read and write it, so every
+mutable field is touched under ``Session.lock``. ``current()`` is the session of this
+process (one group at a time); ``verified(token)`` is how every request from another
+member is let in.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rpcnb import errors, text
+from rpcnb.errors import RpcnbError
+from rpcnb.procs import launch
+from rpcnb.session import rendezvous
+
+ALL = "--all"
+
+
+@dataclass
+class Member:
+    """What rpcnb knows about one member of the group."""
+
+    name: str
+    rank: int
+    host: str = ""
+    pid: int | None = None
+    kind: str = "process"  # "process" (started by rpcnb), "kernel", "engine" or "headless"
+    devices: list[str] = field(default_factory=list)
+    gpus: str = ""  # its CUDA_VISIBLE_DEVICES, when rpcnb gave it some (--gpus)
+    alive: bool = True
+    how: str = ""  # how it died or left, or why it does not answer
+    calls: int = 0
+    recent_ms: float | None = None
+    memory: dict[str, int] = field(default_factory=dict)  # rss, shm (bytes)
+    address: str = ""  # where its TensorPipe listens: "ADDR (IFACE)"
+
+
+@dataclass
+class Group:
+    """The group as seen from this process; ``print()`` it for a table."""
+
+    me: str
+    leader: str
+    address: str  # the connection file (or tcp:// address) another kernel joins with
+    members: list[Member]
+    remote: bool = False  # reachable from other hosts (--allow-remote)
+
+    @property
+    def join_line(self) -> str:
+        """The line another kernel on this host runs to join."""
+        return f"%rpc_init --join {self.address} --name NAME"
+
+    def table(self) -> str:
+        """The members as a plain-text table."""
+        rows = [("name", "rank", "host", "address", "pid", "kind", "devices", "alive", "calls",
+                 "recent", "memory")]
+        for m in self.members:
+            rows.append((
+                m.name + (" (this kernel)" if m.name == self.me else ""),
+                str(m.rank), m.host, m.address or "-", str(m.pid or "-"), m.kind,
+                (",".join(m.devices) or "cpu") + (f" (GPU {m.gpus})" if m.gpus else ""),
+                "yes" if m.alive else f"no: {m.how}",
+                str(m.calls),
+                "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",
+                _memory(m.memory),
+            ))
+        return text.table(rows)
+
+    def __str__(self) -> str:
+        return (f"rpcnb group of {sum(m.alive for m in self.members)} "
+                f"(this process is {self.me}, {self.leader} holds the rendezvous)\n"
+                f"{self.table()}\n"
+                f"Join from another kernel on this host:\n  {self.join_line}"
+                + ("\nFrom another host: %rpc_init --join tcp://HOST:PORT --token TOKEN "
+                   "--name NAME (the token is in the connection file)" if self.remote else ""))
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
+def _memory(memory: dict[str, int]) -> str:
+    if not memory:
+        return "-"
+    text = f"{memory.get('rss', 0) / (1 << 20):.0f} MB"
+    if memory.get("shm"):
+        text += f" (shm {memory['shm'] / (1 << 20):.0f} MB)"
+    return text
+
+
+class Session:
+    """This process's part in one group (see the module's docstring)."""
+
+    def __init__(self, name: str, rank: int, leader: str, init_method: str,
+                 options: dict[str, Any], secret: str, *, runner: Any = None,
+                 group_dir: Path | None = None) -> None:
+        self.name = name
+        self.rank = rank
+        self.leader = leader
+        self.init_method = init_method
+        self.options = options
+        self.secret = secret
+        self.token = rendezvous.call_token(secret)
+        self.sign_key = rendezvous.sign_key(secret)  # Python payloads are signed with it
+        self.group_id = rendezvous.Connection(init_method, "", "").group_id
+        self.runner = runner  # runs the remote cells sent to this member
+        self.group_dir = group_dir  # only on the leader, which owns it
+        self.connection_path: Path | None = None
+        self.listen: tuple[str, int] | None = None  # a TCP store this process serves
+        self.store_server: Any = None  # that store's server; dropped when the group ends
+        self.lock = threading.RLock()
+        self.procs: dict[str, launch.LocalWorker] = {}  # workers this process started
+        # how each of them was started (options, environment): %rpc_restart starts it again
+        self.specs: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+        self.members: dict[str, Member] = {}  # admitted members (they know the secret)
+        self.dead: dict[str, str] = {}  # name -> how it died or left; names are not reused
+        self.calls: dict[str, Any] = {}  # call id -> a remote cell this process waits for
+        self.background: dict[int, Any] = {}  # id -> a background cell this process sent
+        self.jobs_started = 0  # background cells sent so far (their ids count up)
+        self.facts: dict[str, dict[str, Any]] = {}  # name -> channel facts it reported
+        self.parked: dict[str, Any] = {}  # values waiting to be wrapped in an RRef
+        self.closing = False
+        self.shm_warned = False  # the group's one warning about a full /dev/shm was given
+        self.watcher: threading.Thread | None = None
+        # the ipyparallel cluster whose engines are members (rpcnb.integrations.ipyparallel): client,
+        # cluster, whether this group started it, engine id by member name
+        self.cluster: dict[str, Any] | None = None
+        self.after_close: list[Callable[[], None]] = []  # run once the group has ended
+        # environment variables this group changed, with the values to put back
+        self.restore_env: dict[str, str | None] = {}
+
+    @property
+    def is_leader(self) -> bool:
+        return self.name == self.leader
+
+    @property
+    def one_host(self) -> bool:
+        """Every member runs on this host (no --allow-remote): shared memory is possible."""
+        return bool(self.options.get("one_host", True))
+
+    def add_member(self, member: Member) -> None:
+        with self.lock:
+            self.members[member.name] = member
+
+    def admitted(self) -> list[tuple[str, int]]:
+        """(name, rank) of every admitted member that is alive."""
+        with self.lock:
+            return [(m.name, m.rank) for m in self.members.values() if m.alive]
+
+    def mark_dead(self, name: str, how: str) -> None:
+        """``name`` died (or left): record how, and wake every call waiting on it."""
+        with self.lock:
+            self.dead[name] = how
+            m = self.members.get(name)
+            if m is not None:
+                m.alive, m.how = False, how
+            waiting = [c for c in self.calls.values() if c.worker == name]
+        for call in waiting:
+            call.inbox.put(("__dead__", name, -1, []))
+
+    def revive(self, name: str) -> None:
+        """``name`` is back (a fresh process under the same name, ``%rpc_restart``): calls
+        to it are sent again once it is admitted."""
+        with self.lock:
+            self.dead.pop(name, None)
+            self.members.pop(name, None)
+
+    def death_message(self, name: str) -> str:
+        """What a call to the dead member ``name`` says (with its log's end, if ours)."""
+        with self.lock:
+            how = self.dead.get(name, "")
+            proc = self.procs.get(name)
+        if how == "left":
+            return errors.WORKER_LEFT.format(name=name)
+        msg = errors.WORKER_DIED.format(name=name, how=how or "unknown cause")
+        if proc is not None:
+            msg += f"\nIts log ends with:\n{proc.log_tail(8)}"
+        return msg
+
+    def set_env(self, key: str, value: str) -> None:
+        """Set an environment variable for this group only (``restore`` puts it back)."""
+        if key not in self.restore_env:
+            self.restore_env[key] = os.environ.get(key)
+        os.environ[key] = value
+
+    def restore(self) -> None:
+        """Put back the environment variables this group changed."""
+        for key, value in self.restore_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self.restore_env.clear()
+
+
+_current: Session | None = None
+_current_lock = threading.Lock()
+
+
+def current() -> Session:
+    """This process's session (RpcnbError when it is in no group)."""
+    s = _current
+    if s is None:
+        raise RpcnbError(errors.NOT_INITIALIZED)
+    return s
+
+
+def active() -> Session | None:
+    """This process's session, or None (compare by identity to tell groups apart)."""
+    return _current
+
+
+def is_initialized() -> bool:
+    """Whether this process is in a group now."""
+    return _current is not None
+
+
+def begin(session: Session) -> None:
+    """``session`` is this process's from now on (RpcnbError if there is one already)."""
+    global _current
+    with _current_lock:
+        if _current is not None:
+            raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=_current.name))
+        _current = session
+
+
+def end(session: Session) -> None:
+    """``session`` is over (nothing happens if another one is current)."""
+    global _current
+    with _current_lock:
+        if _current is session:
+            _current = None
+    session.restore()
+
+
+def verified(token: Any) -> Session:
+    """The session, if ``token`` is the group's; every request from another member goes
+    through this."""
+    s = _current
+    if s is None or not rendezvous.verify(s.token, token):
+        raise PermissionError(rendezvous.BAD_TOKEN)
+    return s

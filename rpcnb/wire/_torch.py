@@ -1,0 +1,380 @@
+"""Every private torch name rpcnb uses, behind small functions, in one place.
+
+torch.distributed.rpc is in maintenance mode: its public API is stable, but what rpcnb
+needs beyond it (dynamic-group surgery, the RPC pickler, the tensor extractor, the agent)
+is private. When torch is upgraded, this module is the one to read. Each name says the
+torch versions it was checked against: 2.13.0 is what this project installs and tests;
+2.11 is what the GPU machine of docs/benchmarks.md has (GPU.md).
+
+Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+from torch.distributed.rpc import api, internal
+
+# -- the agent and the store (torch 2.11, 2.13) ------------------------------------------
+
+# torch prefixes the store of the n-th init_rpc in a process with "rpc_prefix_{n}"
+# (torch/distributed/rpc/__init__.py); rpcnb resets the counter so every group is "0".
+STORE_PREFIX = "rpc_prefix_0"
+# Dynamic membership (torch/distributed/rpc/_utils.py, tensorpipe_agent.cpp): joins and
+# leaves are serialised by this store key; the members are listed under the other one.
+GROUP_TOKEN_KEY = "RpcGroupManagementToken"
+WORKER_LIST_KEY = "names/_ALL_WORKER_INFOS"
+
+
+def agent() -> Any:
+    """The current TensorPipe agent (typed Any: its dynamic-group methods have no stubs)."""
+    return api._get_current_rpc_agent()
+
+
+def store() -> Any:
+    """The store the current agent was built on (under torch's prefix)."""
+    return agent().store
+
+
+def member_names() -> list[str]:
+    """The names torch's agent lists as members now, by rank."""
+    return [w.name for w in sorted(agent().get_worker_infos(), key=lambda w: w.id)]
+
+
+def device_maps() -> dict[str, dict[str, str]]:
+    """This process's device maps as torch holds them, devices as strings."""
+    maps = agent()._get_backend_options().device_maps
+    return {peer: {str(a): str(b) for a, b in m.items()} for peer, m in maps.items()}
+
+
+def cuda_routes() -> tuple[dict[str, dict[str, str]], set[str]]:
+    """This process's device maps and its devices (what a reply may hold), as strings;
+    empty when no agent is running (torch 2.11, 2.13)."""
+    try:
+        options = agent()._get_backend_options()
+    except Exception:  # no agent: nothing to send CUDA tensors over
+        return {}, set()
+    maps = {peer: {str(a): str(b) for a, b in m.items()}
+            for peer, m in options.device_maps.items()}
+    return maps, {str(d) for d in options.devices}
+
+
+def reset_init_counter() -> None:
+    """Every rpcnb group has a fresh store, so the n-th init in a process must use the
+    first prefix again (torch 2.11, 2.13: ``rpc._init_counter``)."""
+    rpc._init_counter = 0  # type: ignore[attr-defined]
+
+
+def init_rpc_with_store(name: str, rank: int, store: Any, options: Any) -> None:
+    """``rpc.init_rpc`` for a dynamic group on a store we made (bound to one address):
+    what init_rpc does after building its own store (torch 2.11, 2.13)."""
+    import datetime
+
+    import torch.distributed.autograd as dist_autograd
+    from torch.distributed.rpc import backend_registry
+
+    store.set_timeout(datetime.timedelta(seconds=options.rpc_timeout))
+    prefixed = dist.PrefixStore(STORE_PREFIX, store)
+    rpc._init_counter = 1  # type: ignore[attr-defined]  # as init_rpc leaves it
+    dist_autograd._init(rank)
+    rpc._set_profiler_node_id(rank)  # type: ignore[attr-defined]
+    rpc._init_rpc_backend(backend_registry.BackendType.TENSORPIPE,  # type: ignore[attr-defined]
+                          prefixed, name, rank, None, options)
+
+
+# TensorPipe reads TP_SOCKET_IFNAME once per process (a function-static in
+# TensorPipeAgent::guessAddress, torch 2.11, 2.13): every agent after the first listens on
+# the address the first one found.
+_first_interface: str | None = None
+
+
+def check_interface(wanted: str) -> None:
+    """RpcnbError when an earlier agent of this process fixed another interface than
+    ``wanted`` (the TP_SOCKET_IFNAME the next agent would see)."""
+    from rpcnb.errors import IFACE_FIXED, RpcnbError
+
+    if _first_interface is not None and _first_interface != wanted:
+        raise RpcnbError(IFACE_FIXED.format(fixed=_first_interface, wanted=wanted))
+
+
+def note_interface(used: str) -> None:
+    """An agent started with TP_SOCKET_IFNAME ``used``: the first one fixes it."""
+    global _first_interface
+    if _first_interface is None:
+        _first_interface = used
+
+
+def first_interface() -> str | None:
+    """The TP_SOCKET_IFNAME this process's first agent listened on (None before one)."""
+    return _first_interface
+
+
+def drop_locally(info: Any) -> None:
+    """Tell this process's agent that ``info`` (a WorkerInfo) left the group."""
+    agent()._update_group_membership(info, [], {}, False)
+
+
+def remove_member(name: str, tell: Callable[[str, Any], None], *, steal_any: bool = False,
+                  wait: float = 10.0) -> bool:
+    """Remove ``name`` from torch's dynamic group, as its graceful leave would have.
+
+    Takes the group token (stealing it when ``name`` died holding it, mid-join, or from
+    anyone with ``steal_any``), drops ``name`` from the store's member list and from this
+    agent, calls ``tell(other, info)`` for every other member so it drops it too, then
+    releases the token and wakes whoever waited on the dead one's token. False when
+    ``name`` is not a member. (torch 2.11, 2.13: tensorpipe_agent.cpp's token protocol.)
+    """
+    from rpcnb.errors import RpcnbError
+
+    ag = agent()
+    st = ag.store
+    try:
+        info = ag.get_worker_info(name)
+    except Exception:
+        return False  # it never joined, or is already gone
+    mine = f"Token_for_rpcnb_forget_{name}_{time.monotonic_ns()}"
+    stolen = ""
+    deadline = time.monotonic() + wait
+    while True:
+        cur = st.compare_set(GROUP_TOKEN_KEY, "", mine).decode()
+        if cur == mine:
+            break
+        if cur.startswith(f"Token_for_{name}_") or steal_any:
+            if st.compare_set(GROUP_TOKEN_KEY, cur, mine).decode() == mine:
+                stolen = cur
+                break
+        if time.monotonic() > deadline:
+            raise RpcnbError(f"the group token stays held by {cur!r}")
+        time.sleep(0.05)
+    try:
+        entries = st.get(WORKER_LIST_KEY).decode().split(",")
+        keep = [e for e in entries if e and e != f"{name}-{info.id}"]
+        st.set(WORKER_LIST_KEY, "".join(e + "," for e in keep))
+        me = ag.get_worker_info().name
+        for w in ag.get_worker_infos():
+            if w.name == name:
+                continue
+            if w.name == me:
+                drop_locally(info)
+            else:
+                with contextlib.suppress(Exception):
+                    tell(w.name, info)
+    finally:
+        st.set(GROUP_TOKEN_KEY, "")
+        st.set(mine, "Done")
+        if stolen:
+            st.set(stolen, "Done")
+    return True
+
+
+# -- the RPC pickler (torch 2.11, 2.13: torch/distributed/rpc/internal.py) ---------------
+
+
+def rpc_pickler() -> Any:
+    """torch's ``_InternalRPCPickler`` instance, which every Python RPC goes through."""
+    return internal._internal_rpc_pickler
+
+
+def pickler_table(obj: Any) -> dict[Any, Any]:
+    """The dispatch table torch's RPC pickler would use for ``obj``: copyreg's, tensors
+    into the RPC tensor table, RRefs by fork, ScriptModules by torch.jit.save, and the
+    reducers registered with ``_register_reducer``."""
+    p = rpc_pickler()
+    table = dict(p._dispatch_table)
+    table[dist.rpc.PyRRef] = p._py_rref_reducer
+    table[dist.rpc.RRef] = p._rref_reducer
+    if isinstance(obj, torch.jit.ScriptModule):
+        table[obj.__class__] = p._script_module_reducer
+    table.update(p._class_reducer_dict)
+    return table
+
+
+def reducers_key() -> tuple[int, int]:
+    """Changes when torch's RPC pickler's reducers do (``_register_reducer``)."""
+    p = rpc_pickler()
+    return (len(p._dispatch_table), len(p._class_reducer_dict))
+
+
+def tensor_reducer() -> Callable[[Any], Any]:
+    """torch's reducer that puts a tensor into the RPC message's tensor table."""
+    return rpc_pickler()._tensor_reducer  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def send_tables() -> Iterator[list[Any]]:
+    """The thread-local tensor table that ``tensor_reducer`` fills while a message is
+    pickled (nested pickling keeps the outer table, as torch's own serialize does)."""
+    tables = internal._thread_local_tensor_tables
+    old = getattr(tables, "send_tables", None)
+    tables.send_tables = []
+    try:
+        yield tables.send_tables
+    finally:
+        if old is not None:
+            tables.send_tables = old
+        else:
+            del tables.send_tables
+
+
+def patch_serialize(serialize: Callable[[Any, Any], tuple[bytes, list[Any]]],
+                    deserialize: Callable[[Any, bytes, Any], Any]) -> None:
+    """Make torch's RPC pickler call ``serialize(pickler, obj)`` for every Python message
+    it sends and ``deserialize(pickler, data, tensor_table)`` for every one it receives
+    (C++ calls both by attribute on the pickler instance)."""
+    import types
+
+    p = rpc_pickler()
+    p.serialize = types.MethodType(serialize, p)
+    p.deserialize = types.MethodType(deserialize, p)
+
+
+# -- the tensor extractor (torch 2.11, 2.13: torch/_jit_internal.py) ---------------------
+#
+# With devices set (a device map), torch's C++ future code finds the CUDA tensors in a
+# Python result by pickling it with _jit_internal._TensorExtractor, a plain pickle.Pickler,
+# looked up by _extract_tensors at every call (C++ caches _extract_tensors itself, so only
+# the class can be replaced).
+
+
+def replace_tensor_extractor(pickler_base: type) -> None:
+    """Make ``_extract_tensors`` pickle with ``pickler_base`` (a pickle.Pickler subclass,
+    cloudpickle's for rpcnb) instead of plain pickle, keeping torch's persistent_id rule."""
+    from torch import _jit_internal as jit
+
+    original = jit._TensorExtractor
+    if getattr(original, "_rpcnb", False):
+        return
+
+    class TensorExtractor(pickler_base):  # type: ignore[misc, valid-type]
+        _rpcnb = True
+
+        def __init__(self, *args: Any, tensors: list[Any], **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.tensors = tensors
+
+        persistent_id = original.persistent_id
+
+    jit._TensorExtractor = TensorExtractor  # type: ignore[misc]
+
+
+def extract_tensors(obj: Any) -> list[Any]:
+    """What torch's C++ calls to find the tensors in a Python value."""
+    from torch import _jit_internal as jit
+
+    return list(jit._extract_tensors(obj))
+
+
+# -- call hooks (torch 2.11, 2.13: torch/distributed/rpc/api.py) -------------------------
+
+UNSET_RPC_TIMEOUT = api.UNSET_RPC_TIMEOUT
+_hooked = threading.Lock()
+_hook_installed = False
+
+
+def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any]], Any]
+               ) -> dict[Any, tuple[str, str]]:
+    """Call ``on_call(to, func, args, kwargs, send)`` around every rpc_sync, rpc_async and
+    remote this process makes: ``send()`` makes the call and returns its future (or RRef).
+
+    ``api._invoke_rpc`` (behind rpc_sync and rpc_async) and ``api.remote`` are replaced by
+    wrappers that carry torch's own module and name (functools.wraps), so code that
+    imported ``remote`` by name still pickles it by reference, as torch's own. Returns the
+    functions replaced, with where they were (code that imported one before the hook
+    holds the original: it must travel by that name too)."""
+    global _hook_installed
+    with _hooked:
+        if _hook_installed:
+            return {}
+        original_invoke = api._invoke_rpc
+        original_remote = api.remote
+
+        @functools.wraps(original_invoke)
+        def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
+                        rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+            return on_call(to, func, args, kwargs,
+                           lambda: original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout))
+
+        @functools.wraps(original_remote)
+        def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
+                   timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+            return on_call(to, func, args, kwargs,
+                           lambda: original_remote(to, func, args, kwargs, timeout))
+
+        api._invoke_rpc = _invoke_rpc
+        api.remote = remote
+        rpc.remote = remote  # the package re-exports api's names
+        _hook_installed = True
+        return {original_invoke: (api.__name__, "_invoke_rpc"),
+                original_remote: (api.__name__, "remote")}
+
+
+def rref_future(rref: Any) -> Any:
+    """The future that completes when ``rref``'s remote creation has finished."""
+    return rref._get_future()
+
+
+# -- display (torch 2.11, 2.13) ----------------------------------------------------------
+#
+# rpcnb.frontend.rrefs names the type rpc.remote returns by string, so that %load_ext rpcnb
+# imports no torch: "torch._C._distributed_rpc.PyRRef".
+
+
+def tensor_preview(tensor: Any) -> str:
+    """A short repr of ``tensor`` (torch's printoptions as a context manager)."""
+    from torch._tensor_str import printoptions
+
+    with printoptions(threshold=24, edgeitems=2, precision=4, linewidth=72):
+        return repr(tensor.detach())
+
+
+# The last line: rpcnb.paths.serialize's import hook (which fires when torch is first imported)
+# must not use this module while it is still being imported (importing torch, say).
+LOADED = True
+
+
+# -- shared storages (torch 2.11, 2.13: torch/multiprocessing/reductions.py) --------------
+
+# A CPU storage in shared memory is one of torch.multiprocessing's two kinds: the
+# file-descriptor strategy's (a MapAllocator that keeps an fd of an unlinked /dev/shm
+# file) or the file-system strategy's (a managed allocator over a named /dev/shm file,
+# refcounted by torch_shm_manager). _get_shared_fd asks without changing anything; the
+# _share_*_ methods would move a storage of another kind into new shared memory, so each
+# is called only on a storage of its own kind.
+
+
+def shared_storage_handle(tensor: Any) -> tuple[Any, ...] | None:
+    """How another process on this host maps ``tensor``'s storage: ``("fd", fd, size)``,
+    ``("file", manager, name, size)``, or None when it is not in torch's shared memory
+    (or is a file mapped with ``torch.from_file``, which is not sent by handle)."""
+    storage = tensor.untyped_storage()
+    if storage.device.type != "cpu" or not storage.is_shared():
+        return None
+    try:
+        fd = storage._get_shared_fd()
+    except RuntimeError:  # not a MapAllocator: the file-system strategy's managed storage
+        if storage._get_filename() is not None:
+            return None
+        manager, name, size = storage._share_filename_cpu_()
+        return ("file", manager, name, int(size))
+    if fd < 0:  # torch.from_file(shared=True): a file of the user's, not shared memory
+        return None
+    return ("fd", int(fd), int(storage.nbytes()))
+
+
+def storage_from_fd(fd: int, size: int) -> Any:
+    """A storage over the shared memory behind ``fd`` (dup'ed; the caller closes ``fd``);
+    itself shared, so it can be sent on by handle."""
+    return torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
+
+
+def storage_from_name(manager: bytes, name: bytes, size: int) -> Any:
+    """A storage over the file-system strategy's shared memory ``name``."""
+    return torch.UntypedStorage._new_shared_filename_cpu(manager, name, size)
