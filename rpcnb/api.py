@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Iterable
@@ -29,7 +30,8 @@ from rpcnb.membership.view import group
 from rpcnb.paths import ucx as ucx_path
 from rpcnb.procs import launch
 from rpcnb.session import rendezvous, roster, state
-from rpcnb.session.state import ALL, Group, Member, Session, is_initialized
+from rpcnb.session.state import ALL, Group, Member, is_initialized
+from rpcnb.session.teardown import Teardown
 from rpcnb.wire import _torch, options
 
 __all__ = ["ALL", "Group", "add_workers", "group", "init", "interrupt", "is_initialized",
@@ -120,28 +122,33 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     handlers.install()
     rendezvous.sweep_groups()  # what killed kernels left behind, their secrets included
     secret = rendezvous.new_secret()
-    group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
-    s: Session | None = None
-    runner = None
+    # everything this start sets up registers its cleanup here as it comes up; a failure
+    # at any step unwinds it, and so does every later way out of the group (Session.teardown)
+    teardown = Teardown()
     try:
-        own_store = None
+        group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
+        teardown.push("group folder", functools.partial(shutil.rmtree, group_dir, ignore_errors=True))
+        served: list[Any] = []  # the TCP store's server, only here: it listens while held
         if port is None:
             init_method = f"file://{group_dir / 'store'}"
         else:
             # this process serves the store; its agent is a client of it, like the others
             # (torch keeps an agent's store alive after shutdown: the server must not be it)
-            own_store, port = rendezvous.serve_store(host, port, opts["timeout"])
+            server, port = rendezvous.serve_store(host, port, opts["timeout"])
+            served.append(server)
+            del server
+            teardown.push("rendezvous store", served.clear)
             init_method = f"tcp://{host}:{port}"
         runner = start.kernel_runner(name)
+        teardown.push("cell runner", runner.stop)
         my_rank = roster.fixed_rank() or 0
         # TensorPipe listens on TP_SOCKET_IFNAME; the workers inherit it (for this group)
-        client = None if own_store is None else rendezvous.open_store(
+        client = None if not served else rendezvous.open_store(
             init_method, opts["timeout"], prefixed=False)
         s = start.start_member(name, my_rank, init_method, opts, leader=name,
                                runner=runner, group_dir=group_dir, secret=secret,
-                               store=client,
+                               store=client, teardown=teardown,
                                env={"TP_SOCKET_IFNAME": iface} if remote else None)
-        s.store_server = own_store
         s.connection_path = rendezvous.write_connection(
             group_dir, rendezvous.Connection(init_method, secret, name))
         if port is not None:
@@ -163,7 +170,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         start.wait_ready(s)
         start.watch_in_background(s, failures.watch)
     except BaseException:
-        start.abort(s, group_dir, runner)
+        teardown.close()
         raise
     return group()
 
@@ -189,18 +196,20 @@ def join(address: str, name: str, *, token: str | None = None,
     from rpcnb.membership import failures, handlers, start
 
     handlers.install()
+    teardown = Teardown()  # as in init: every way out unwinds what was set up
     runner = start.kernel_runner(name, kind)
+    teardown.push("cell runner", runner.stop)
     try:
         s = start.join_member(address, name, opts, runner, token=token,
-                              device_map=device_map, interface=interface)
+                              device_map=device_map, interface=interface, teardown=teardown)
+        view = group()
+        lead = next((m for m in view.members if m.name == s.leader), None)
+        me = next(m for m in view.members if m.name == name)
+        if lead is not None and lead.pid and lead.host == me.host:
+            start.watch_in_background(s, failures.watch_leader, lead.pid)
     except BaseException:
-        runner.stop()
+        teardown.close()
         raise
-    view = group()
-    lead = next((m for m in view.members if m.name == s.leader), None)
-    me = next(m for m in view.members if m.name == name)
-    if lead is not None and lead.pid and lead.host == me.host:
-        start.watch_in_background(s, failures.watch_leader, lead.pid)
     return view
 
 

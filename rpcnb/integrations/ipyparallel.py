@@ -251,7 +251,9 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
         with s.lock:
             s.cluster = {"client": client, "cluster": cluster, "owned": owned,
                          "engines": {names[eid]: eid for eid in ids}}
-        s.after_close.append(lambda: _stop(cluster if owned else None, client))
+        # once the group has ended (after every other step of its teardown)
+        s.teardown.push("ipyparallel cluster", lambda: _stop(cluster if owned else None, client),
+                        last=True)
     except BaseException:
         api.shutdown(timeout=5)
         _stop(cluster if owned else None, client)

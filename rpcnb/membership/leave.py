@@ -3,17 +3,17 @@
 A member leaves with ``leave_group`` (a graceful ``rpc.shutdown``, bounded). The leader
 holds the rendezvous and leaves last: ``shutdown_group`` asks every member to leave,
 stops the worker processes it started that do not, removes what is still listed from
-torch's group, then leaves itself and removes the group's directory.
+torch's group, then leaves itself. Either way the member's teardown stack
+(``rpcnb.session.teardown``) then unwinds: the same stack a failed start and the
+process's exit unwind.
 """
 
 from __future__ import annotations
 
-import shutil
-import sys
+import atexit
 import threading
 import time
 
-from rpcnb.paths import shm, ucx
 from rpcnb.procs import launch
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
@@ -39,17 +39,14 @@ def local_shutdown(graceful: bool, timeout: float = 10.0) -> bool:
 
 
 def leave_group(timeout: float = 10.0, graceful: bool = True) -> None:
-    """This member leaves the group (the leader uses ``shutdown_group`` instead)."""
+    """This member leaves the group (the leader uses ``shutdown_group`` instead): its
+    teardown stack unwinds, torch's agent leaving gracefully within ``timeout``."""
     s = state.active()
     if s is None:
         return
     s.closing = True
-    local_shutdown(graceful=graceful, timeout=timeout)
-    shm.deactivate()
-    ucx.deactivate()
-    if s.runner is not None and not s.runner.on_main:
-        s.runner.stop()
-    state.end(s)
+    s.leaving = (graceful, timeout)
+    s.teardown.close()
 
 
 def shutdown_group(s: Session, timeout: float = 10.0) -> None:
@@ -85,27 +82,20 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
             roster.forget(s, name, steal_any=True)
         except Exception:
             pass
-    local_shutdown(graceful=True, timeout=5.0)
-    close(s)
+    s.leaving = (True, 5.0)  # everyone else is gone: this member leaves in order
+    s.teardown.close()
 
 
-def close(s: Session) -> None:
-    """What is left after this process left torch's group: its shared memory, the
-    buffers of workers that were killed, its UCX endpoints, its cell runner, the group's
-    directory."""
-    shm.deactivate()
-    ucx.deactivate()
-    for w in s.procs.values():  # a worker that was killed could not clean up after itself
-        shm.remove_segments_of(w.pid, s.group_id)
-    if s.runner is not None:
-        s.runner.stop()
-    s.store_server = None  # the last reference: the TCP store stops listening
-    state.end(s)
-    if s.group_dir is not None:
-        shutil.rmtree(s.group_dir, ignore_errors=True)
-    for then in s.after_close:  # e.g. stop the ipyparallel cluster this group started
-        try:
-            then()
-        except Exception as exc:
-            print(f"rpcnb: {exc}", file=sys.stderr)
-    s.after_close.clear()
+def _leave_at_exit() -> None:
+    """The process is exiting while in a group (a kernel shut down or restarted without
+    %rpc_shutdown): the same stack unwinds, quickly: workers stopped, torch's agent left
+    at once, shared memory and the group's folder removed."""
+    s = state.active()
+    if s is None:
+        return
+    s.closing = True
+    s.leaving = (False, 1.0)
+    s.teardown.close()
+
+
+atexit.register(_leave_at_exit)

@@ -9,6 +9,7 @@ notebook still holds.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any
@@ -60,6 +61,7 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
         from rpcnb.membership import failures
 
         failures.declare(s, name, launch.how_died(proc.proc.returncode))
+    s.teardown.run(start.worker_step(name))  # the old process's step: its shared memory
     lost = _rrefs_owned_by(name)
     wopts, wenv = spec
     store = _torch.store()
@@ -68,6 +70,7 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
     new = start.start_worker(s, name, rank, wopts, wenv)
     with s.lock:
         s.procs[name] = new
+    s.teardown.push(start.worker_step(name), functools.partial(start.stop_worker, s, new))
     for other in roster.live_names(s):
         if other not in (s.name, name):
             try:
@@ -77,7 +80,7 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
     try:
         start.wait_ready(s, timeout, names=[name])
     except BaseException:
-        new.stop(grace=0.5)
+        s.teardown.run(start.worker_step(name))
         raise
     msg = errors.RESTARTED.format(name=name, was=was, old=old_pid, new=new.pid)
     if lost:
@@ -130,10 +133,10 @@ def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TI
         start.wait_ready(s, timeout, names=names)
     except BaseException:
         with s.lock:
-            started = [s.procs.pop(w) for w in names if w in s.procs]
-        for w in started:
-            w.left = True
-            w.stop(grace=0.5)
+            for w in names:
+                s.procs.pop(w, None)
+        for w in names:  # the steps launch_workers registered for them
+            s.teardown.run(start.worker_step(w))
         raise
     return names
 

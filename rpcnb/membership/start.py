@@ -10,8 +10,8 @@ sent cells or asked anything.
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -29,6 +29,7 @@ from rpcnb.paths import serialize, shm, ucx
 from rpcnb.procs import launch
 from rpcnb.session import protocol, rendezvous, roster, state
 from rpcnb.session.state import Member, Session
+from rpcnb.session.teardown import Teardown
 from rpcnb.wire import _torch, options
 
 START_TIMEOUT = 120.0
@@ -36,36 +37,52 @@ START_TIMEOUT = 120.0
 
 def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *,
                  leader: str, runner: Any, secret: str, group_dir: Path | None = None,
-                 store: Any = None, env: dict[str, str] | None = None) -> Session:
+                 store: Any = None, env: dict[str, str] | None = None,
+                 teardown: Teardown | None = None) -> Session:
     """init_rpc with dynamic membership, with this process's session already in place
     (requests that arrive while init_rpc runs are answered, or refused, by it).
 
     ``store``: a store this process serves itself (the leader of a TCP group); otherwise
     torch connects to ``init_method``. ``env``: environment variables for this group
-    (``TP_SOCKET_IFNAME``), put back when it ends."""
+    (``TP_SOCKET_IFNAME``), put back when it ends. Each thing it sets up registers its
+    cleanup on ``teardown`` (the caller's stack, with what the caller set up before); if
+    it fails, the whole stack unwinds before the error is raised."""
     launch.apply_quiet_env()
     serialize.install()
     s = Session(name, rank, leader, init_method, opts, secret, runner=runner,
-                group_dir=group_dir)
-    state.begin(s)
+                group_dir=group_dir, teardown=teardown)
     try:
-        for key, value in (env or {}).items():
-            s.set_env(key, value)
-        iface = os.environ.get("TP_SOCKET_IFNAME", "")
-        _torch.check_interface(iface)
-        # torch prefixes the store with a per-process init counter; every rpcnb group uses
-        # a fresh store, so a kernel re-initialising after shutdown starts from 0 again.
-        _torch.reset_init_counter()
-        backend = options.backend_options(opts, init_method)
-        if store is None:
-            import torch.distributed.rpc as rpc
-
-            rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
-        else:
-            _torch.init_rpc_with_store(name, rank, store, backend)
+        _start_member(s, init_method, store, env)
     except BaseException:
-        state.end(s)
+        s.teardown.close()
         raise
+    telemetry.clear()  # a new group: its worker1 is not the last group's worker1
+    return s
+
+
+def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] | None) -> None:
+    name, rank, opts = s.name, s.rank, s.options
+    state.begin(s)
+    s.teardown.push("session", lambda: state.end(s))  # also puts the environment back
+    # given back after torch's agent has left (messages in flight may still use them)
+    s.teardown.push("shared memory", shm.deactivate)
+    s.teardown.push("UCX", ucx.deactivate)
+    for key, value in (env or {}).items():
+        s.set_env(key, value)
+    iface = os.environ.get("TP_SOCKET_IFNAME", "")
+    _torch.check_interface(iface)
+    # torch prefixes the store with a per-process init counter; every rpcnb group uses
+    # a fresh store, so a kernel re-initialising after shutdown starts from 0 again.
+    _torch.reset_init_counter()
+    backend = options.backend_options(opts, init_method)
+    if store is None:
+        import torch.distributed.rpc as rpc
+
+        rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
+    else:
+        _torch.init_rpc_with_store(name, rank, store, backend)
+    s.teardown.push("torch's RPC agent",
+                    lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
     _torch.note_interface(iface)
     roster.keep_rank(rank)
     # RemoteModule's forward refers to a module torch generates when torch.distributed.nn
@@ -74,15 +91,7 @@ def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *
     if opts.get("shm", True) and opts.get("one_host", True):
         shm.activate(s.group_id, on_full=_shm_full(s))
     if opts.get("ucx"):
-        try:
-            ucx.activate(s)
-        except BaseException:
-            leave.local_shutdown(graceful=False)
-            shm.deactivate()
-            state.end(s)
-            raise
-    telemetry.clear()  # a new group: its worker1 is not the last group's worker1
-    return s
+        ucx.activate(s)
 
 
 def _shm_full(s: Session) -> Any:
@@ -165,7 +174,7 @@ def kernel_runner(name: str, kind: str = "kernel") -> CellRunner:
 
 def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
                 token: str | None = None, device_map: Any = None,
-                interface: str | None = None) -> Session:
+                interface: str | None = None, teardown: Teardown | None = None) -> Session:
     """Make this process member ``name`` of the group at ``address`` (a connection file,
     its directory or file:// store, or tcp://HOST:PORT with ``token``), its remote cells
     run by ``runner``; registered with the leader when this returns (RpcnbError when the
@@ -205,7 +214,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
         rank = fixed
     roster.publish(store, name, mine, mapped)
     s = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
-                     secret=conn.secret, env=env)
+                     secret=conn.secret, env=env, teardown=teardown)
     if register(s) is None:
         # refused (the wrong secret): leave torch's group the way any member leaves, so
         # nobody waits for this one later
@@ -236,6 +245,21 @@ def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
         with s.lock:
             s.procs[wname] = proc
             s.specs[wname] = (wopts, wenv)
+        s.teardown.push(worker_step(wname), functools.partial(stop_worker, s, proc))
+
+
+def worker_step(name: str) -> str:
+    """The name of worker ``name``'s step on its group's teardown stack."""
+    return f"worker {name}"
+
+
+def stop_worker(s: Session, w: launch.LocalWorker, grace: float = 1.0) -> None:
+    """A worker this process started: stopped if it has not left (a leaving worker is
+    told to go first), and the shared memory it could not give back itself removed."""
+    w.left = True  # the death watcher does not report an exit it was told about
+    if w.alive():
+        w.stop(grace=grace)
+    shm.remove_segments_of(w.pid, s.group_id)
 
 
 def start_worker(s: Session, name: str, rank: int, wopts: dict[str, Any],
@@ -292,23 +316,10 @@ def watch_in_background(s: Session, target: Any, *args: Any) -> None:
     s.watcher = threading.Thread(target=target, args=(s, *args), name="rpcnb-watch",
                                  daemon=True)
     s.watcher.start()
+    s.teardown.push("death watcher", functools.partial(_stop_watching, s))
 
 
-def abort(s: Session | None, group_dir: Path | None, runner: Any = None) -> None:
-    """Undo a half-done start: stop what started, leave nothing running."""
-    if runner is not None:
-        runner.stop()
-    if s is not None:
-        s.closing = True
-        for w in s.procs.values():
-            w.stop(grace=0.5)
-            shm.remove_segments_of(w.pid)
-        if state.active() is s:
-            leave.local_shutdown(graceful=False)
-        shm.deactivate()
-        ucx.deactivate()
-        if s.runner is not None:
-            s.runner.stop()
-        state.end(s)
-    if group_dir is not None:
-        shutil.rmtree(group_dir, ignore_errors=True)
+def _stop_watching(s: Session) -> None:
+    s.closing = True  # the watcher ends its loop, and reports no exit from here on
+    if s.watcher is not None and s.watcher is not threading.current_thread():
+        s.watcher.join(1)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from rpcnb import errors, text
 from rpcnb.errors import RpcnbError
 from rpcnb.procs import launch
 from rpcnb.session import rendezvous
+from rpcnb.session.teardown import Teardown
 
 ALL = "--all"
 
@@ -100,7 +100,7 @@ class Session:
 
     def __init__(self, name: str, rank: int, leader: str, init_method: str,
                  options: dict[str, Any], secret: str, *, runner: Any = None,
-                 group_dir: Path | None = None) -> None:
+                 group_dir: Path | None = None, teardown: Teardown | None = None) -> None:
         self.name = name
         self.rank = rank
         self.leader = leader
@@ -114,7 +114,11 @@ class Session:
         self.group_dir = group_dir  # only on the leader, which owns it
         self.connection_path: Path | None = None
         self.listen: tuple[str, int] | None = None  # a TCP store this process serves
-        self.store_server: Any = None  # that store's server; dropped when the group ends
+        # what this member set up, each with its cleanup: every way out unwinds it
+        self.teardown = teardown if teardown is not None else Teardown()
+        # how torch's RPC agent is left when the stack unwinds: gracefully (everyone else
+        # has left, or this member leaves in order) within a time limit, or at once
+        self.leaving: tuple[bool, float] = (False, 5.0)
         self.lock = threading.RLock()
         self.procs: dict[str, launch.LocalWorker] = {}  # workers this process started
         # how each of them was started (options, environment): %rpc_restart starts it again
@@ -132,7 +136,6 @@ class Session:
         # the ipyparallel cluster whose engines are members (rpcnb.integrations.ipyparallel): client,
         # cluster, whether this group started it, engine id by member name
         self.cluster: dict[str, Any] | None = None
-        self.after_close: list[Callable[[], None]] = []  # run once the group has ended
         # environment variables this group changed, with the values to put back
         self.restore_env: dict[str, str | None] = {}
 
