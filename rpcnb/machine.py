@@ -51,15 +51,6 @@ def ib_devices() -> list[str]:
         return []
 
 
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident memory of a process (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 _trimmed_at = 0.0
 
 

@@ -109,14 +109,6 @@ def bar(done: float, total: float, width: int = 24) -> str:
     return "[" + "#" * fill + "-" * (width - fill) + "]"
 
 
-def size(nbytes: float) -> str:
-    """1.5 GB, 300 MB, 12 KB."""
-    for unit, shift in (("GB", 30), ("MB", 20), ("KB", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):.1f} {unit}"
-    return f"{int(nbytes)} B"
-
-
 def payload_bytes(value: Any, depth: int = 2) -> int:
     """Bytes of the tensors and arrays in ``value`` (looking into lists, tuples and dicts
     ``depth`` levels down): what a transfer of it moves, roughly."""
@@ -179,7 +171,7 @@ class Ticker:
         t = time.monotonic() - self.t0
         pos = int(t * 8) % 24
         moving = "-" * pos + "###" + "-" * (24 - pos)
-        return f"{self.what} {size(self.nbytes)} [{moving[:24]}] {t:.1f} s"
+        return f"{self.what} {text.size(self.nbytes)} [{moving[:24]}] {t:.1f} s"
 
     def _tick(self) -> None:
         while not self._stop.wait(0.25):
@@ -190,8 +182,8 @@ class Ticker:
         if self._thread is not None:
             self._thread.join(1)
         t = max(time.monotonic() - self.t0, 1e-9)
-        end = (f"{self.what} {size(self.nbytes)} {bar(1, 1)} {t:.1f} s, "
-               f"{size(self.nbytes / t)}/s" if ok else f"{self.what} {size(self.nbytes)}: stopped")
+        end = (f"{self.what} {text.size(self.nbytes)} {bar(1, 1)} {t:.1f} s, "
+               f"{text.size(self.nbytes / t)}/s" if ok else f"{self.what} {text.size(self.nbytes)}: stopped")
         self.line.close(end)
 
 

@@ -32,7 +32,7 @@ from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
 from rpcnb.membership import handlers, leave, start
 from rpcnb.paths import shm, ucx
-from rpcnb.procs import launch
+from rpcnb.procs import launch, processes
 from rpcnb.session import protocol
 from rpcnb.wire import options
 
@@ -47,7 +47,7 @@ def _watch_parent(parent_pid: int, init_method: str) -> None:
     the group's workers with it."""
     while True:
         time.sleep(0.5)
-        if launch.pid_alive(parent_pid):
+        if processes.pid_alive(parent_pid):
             continue
         # The kernel died: take its shared memory and its group's directory (the
         # connection file holds the secret) with ours, nobody else will.
@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None, secret: str | None = None) -> None:
     import json
 
     argv = sys.argv[1:] if argv is None else argv
-    if "--join" in argv or any(a.startswith("--join=") for a in argv):
+    if not any(a == "--init-method" or a.startswith("--init-method=") for a in argv):
+        # a person's command (python -m rpcnb.worker --join ..., or --help): the
+        # launcher's own flags are not theirs to see
         headless(argv)
         return
     ap = argparse.ArgumentParser(prog="rpcnb.worker")

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpcnb.procs.launch import descendants as children_of
-from rpcnb.procs.launch import pid_alive
+from rpcnb.procs.processes import descendants as children_of
+from rpcnb.procs.processes import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from jupyter_client import KernelManager
 
-from rpcnb.procs.launch import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants, kill_all, pid_alive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the bench package's helpers
 from bench.netsetup import veth_pair  # noqa: E402

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from rpcnb import text
 from rpcnb.observe import channels, probe
 from rpcnb.observe.channels import Facts, observed, predict, predict_pair
 
@@ -213,8 +214,8 @@ def test_probe_bad_sizes(text):
 
 
 def test_probe_formats():
-    assert probe.format_size(1 << 20) == "1 MB"
-    assert probe.format_size(1536) == "1.5 KB"
+    assert text.size(1 << 20, decimals=None) == "1 MB"
+    assert text.size(1536, decimals=None) == "1.5 KB"
     assert probe.format_rate(2.5e9) == "2.50 GB/s"
     assert probe.format_rate(3.2e6) == "3.2 MB/s"
     assert probe.DEFAULT_SIZES[0] == 1 << 10 and probe.DEFAULT_SIZES[-1] == 256 << 20

@@ -16,7 +16,7 @@ import pytest
 from conftest import worker_pids
 
 from rpcnb import errors
-from rpcnb.procs.launch import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants, kill_all, pid_alive
 
 pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (the test extra has it)")
 

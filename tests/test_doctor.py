@@ -15,7 +15,7 @@ import pytest
 from conftest import private_shm_blocker, small_shm_worker, worker_pids
 
 from rpcnb.observe import doctor
-from rpcnb.procs.launch import kill_all
+from rpcnb.procs.processes import kill_all
 
 
 def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_path):

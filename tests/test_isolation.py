@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import Kernel, worker_pids
 
-from rpcnb.procs.launch import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants, kill_all, pid_alive
 from rpcnb.sandbox import isolation
 from rpcnb.sandbox.netns import PIDFILE, find_holder
 from rpcnb.sandbox.provisioner import NAME as PROVISIONER

@@ -53,7 +53,7 @@ def test_every_request_is_refused_without_the_token(group):
     # token, no token, a token of another type; nothing runs and the worker serves on
     out = group.execute(
         "import torch.distributed.rpc as rpc\n"
-        "from rpcnb import protocol, handlers, state\n"
+        "from rpcnb.session import protocol, state\nfrom rpcnb.membership import handlers\n"
         "refused = {}\n"
         "for op in handlers.OPERATIONS:\n"
         "    for token in ('forged', None, 0):\n"

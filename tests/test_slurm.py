@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import worker_pids
 
-from rpcnb.procs.launch import kill_all, pid_alive
+from rpcnb.procs.processes import kill_all, pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")

@@ -19,7 +19,7 @@ import pytest
 from conftest import worker_pids
 from test_two_hosts import in_ns, ns_pids, tcp_sockets
 
-from rpcnb.procs.launch import kill_all, pid_alive
+from rpcnb.procs.processes import kill_all, pid_alive
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # scp of OpenSSH 9 speaks SFTP to the server

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import listening_addresses, worker_pids
 
-from rpcnb.procs.launch import kill_all, pid_alive
+from rpcnb.procs.processes import kill_all, pid_alive
 
 
 def in_ns(ns: str, *cmd: str) -> list[str]:

@@ -219,7 +219,8 @@ class Hide(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Hide())
 import os, rpcnb
-from rpcnb import errors, options
+from rpcnb import errors
+from rpcnb.wire import options
 for how in ("flag", "env"):
     if how == "env":
         os.environ["RPCNB_UCX"] = "1"
@@ -227,11 +228,12 @@ for how in ("flag", "env"):
         rpcnb.init(1, ucx=True) if how == "flag" else rpcnb.init(1)
     except errors.RpcnbError as exc:
         assert str(exc) == errors.UCX_MISSING.format(extra=options.ucx_extra()), exc
-        started = __import__("rpcnb.session.state").state.is_initialized()
-        launch = __import__("rpcnb.procs.launch").launch
+        started = __import__("rpcnb.session.state").session.state.is_initialized()
+        launch = __import__("rpcnb.procs.launch").procs.launch
+        processes = __import__("rpcnb.procs.processes").procs.processes
         # rpcnb.init starts the workers' launcher as it is looked up (to overlap the
         # imports); a refused start stops it again, before it forked anything
-        left = [p for p in launch.descendants(os.getpid()) if launch.pid_alive(p)]
+        left = [p for p in processes.descendants(os.getpid()) if processes.pid_alive(p)]
         print(how, "refused", "initialized" if started or launch.current_launcher() or left
               else "nothing started", flush=True)
 from IPython.testing.globalipapp import start_ipython
@@ -333,7 +335,7 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
         members = worker_pids(kernel)
         assert members["worker2"] in _ns_pids(ns)  # it is in the other namespace
         # a function of the notebook's (torch's builtin ops take TorchScript's path)
-        kernel.execute("import torch.distributed.rpc as rpc\nfrom rpcnb import ucx\n"
+        kernel.execute("import torch.distributed.rpc as rpc\nfrom rpcnb.paths import ucx\n"
                        "def echo(t):\n    return t\n_before = ucx.stats()")
         # below RPCNB_UCX_TCP_THRESHOLD (32 MB) TensorPipe's TCP is faster than UCX's: the
         # first tensor takes UCX, which finds TCP to the peer, and the next one TensorPipe
@@ -345,7 +347,7 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
         # every dtype over UCX across the namespaces, with the TCP threshold at 1 MB here
         # and on worker2 (which sends the replies)
         kernel.execute("ucx.tcp_threshold = 2**20\n"
-                       "rpcnb.run('worker2', 'from rpcnb import ucx\\nucx.tcp_threshold = 2**20')\n"
+                       "rpcnb.run('worker2', 'from rpcnb.paths import ucx\\nucx.tcp_threshold = 2**20')\n"
                        "_before = ucx.stats()")
         for dtype in ("float32", "float64", "int64", "bfloat16", "bool"):
             same = kernel.value(
@@ -357,7 +359,7 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
         # member to member across the namespaces, and back: a cell on worker1
         out = kernel.execute(
             "%%remote worker1 --fetch\nimport torch, torch.distributed.rpc as rpc\n"
-            "from rpcnb import ucx\nx = torch.rand(2**20)\ndef echo(t):\n    return t\n"
+            "from rpcnb.paths import ucx\nx = torch.rand(2**20)\ndef echo(t):\n    return t\n"
             "(bool(torch.equal(rpc.rpc_sync('worker2', echo, args=(x,)), x)), "
             "ucx.transports().get('worker2'))").text
         assert "(True, 'tcp')" in out, out

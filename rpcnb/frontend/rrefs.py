@@ -9,14 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-
-def _size(nbytes: int) -> str:
-    size = float(nbytes)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{nbytes} B"  # pragma: no cover
+from rpcnb import text
 
 
 def describe_rref(rref: Any) -> tuple[str, dict[str, Any] | None, str]:
@@ -45,7 +38,7 @@ def summary_line(owner: str, info: dict[str, Any] | None, error: str = "") -> st
         parts.append(f"shape=({', '.join(map(str, info['shape']))}{',' if len(info['shape']) == 1 else ''})")
         parts.append(info["dtype"])
         parts.append(info["device"])
-        parts.append(_size(info["nbytes"]))
+        parts.append(text.size(info["nbytes"]))
     elif "len" in info:
         parts.append(f"len={info['len']}")
     return " ".join(parts)
@@ -73,7 +66,7 @@ def rref_html(rref: Any) -> str:
     if "shape" in info:
         facts += [("shape", "(" + ", ".join(map(str, info["shape"])) + ")"),
                   ("dtype", info["dtype"]), ("device", info["device"]),
-                  ("size", _size(info["nbytes"]))]
+                  ("size", text.size(info["nbytes"]))]
     elif "len" in info:
         facts.append(("len", str(info["len"])))
     cells = "".join(f"<td style='padding:0 .8em 0 0'><span style='opacity:.6'>{esc(k)}</span> "

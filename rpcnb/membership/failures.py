@@ -19,7 +19,7 @@ from typing import Any
 
 from rpcnb.membership import leave
 from rpcnb.paths import shm
-from rpcnb.procs import launch
+from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
 
@@ -51,7 +51,7 @@ def watch(s: Session) -> None:
                       if m.name != s.name and m.alive and m.host and m.host != host
                       and m.name not in s.dead and m.name not in s.procs]
         found += [(name, f"its {kind} process is gone") for name, kind, pid in joined
-                  if not launch.pid_alive(pid)]
+                  if not processes.pid_alive(pid)]
         found += _silent(s, remote, pings, answered)
         for name, how in found:
             if s.closing:
@@ -110,7 +110,7 @@ def watch_leader(s: Session, pid: int) -> None:
     rendezvous); leave at once instead of failing at the next call."""
     while state.active() is s and not s.closing:
         time.sleep(0.5)
-        if not launch.pid_alive(pid):
+        if not processes.pid_alive(pid):
             s.mark_dead(s.leader, "its kernel process is gone")
             print(LEADER_DIED.format(leader=s.leader), file=sys.stderr)
             leave.leave_group(timeout=5, graceful=False)

@@ -9,6 +9,7 @@ import time
 
 from rpcnb import machine, telemetry
 from rpcnb.paths import shm
+from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Group, Member
 from rpcnb.wire import _torch
@@ -18,7 +19,7 @@ def memory_info() -> dict[str, int]:
     """This process's resident memory and the shared memory it holds (its pool and the
     buffers of others it maps), as %rpc_workers shows it."""
     st = shm.stats()
-    return {"rss": machine.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"]}
+    return {"rss": processes.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"]}
 
 
 def listen_address() -> str:

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rpcnb import machine
+from rpcnb import machine, text
 from rpcnb.session import protocol, roster, state
 
 SMALL_SHM = 1 << 30  # below 1 GiB of /dev/shm, large tensors fall back or fail
@@ -88,10 +88,6 @@ def local_report() -> dict[str, Any]:
     }
 
 
-def _mb(n: int) -> str:
-    return f"{n / 2**20:,.0f} MB"
-
-
 def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
     """The findings for the members' reports (``local_report`` of each, by name; a report
     may carry ``skew_s``, ``address`` and ``kind`` added by ``check``)."""
@@ -99,14 +95,16 @@ def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
     for name, r in reports.items():
         add = lambda check, level, detail, todo="", name=name: out.append(  # noqa: E731
             Finding(name, check, level, detail, todo))
+        shm_said = (f"{text.size(r.get('shm_total', 0), 'MB', 0)} "
+                    f"({text.size(r.get('shm_free', 0), 'MB', 0)} free)")
         if r["shm_total"] < 0:
             add("/dev/shm", "warn", "no /dev/shm", "mount a tmpfs on /dev/shm, or use --no-shm")
         elif r["shm_total"] < SMALL_SHM:
-            add("/dev/shm", "warn", f"{_mb(r['shm_total'])} ({_mb(r['shm_free'])} free)",
+            add("/dev/shm", "warn", shm_said,
                 "containers default to 64 MB: run with --shm-size=8g (docker) or a larger "
                 "tmpfs; tensors larger than what is free go over TensorPipe")
         else:
-            add("/dev/shm", "ok", f"{_mb(r['shm_total'])} ({_mb(r['shm_free'])} free)")
+            add("/dev/shm", "ok", shm_said)
         scope = r["ptrace_scope"]
         if scope is not None and scope >= 2:
             add("cma", "warn", f"ptrace_scope={scope}: TensorPipe's cma channel cannot read "

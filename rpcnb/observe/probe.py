@@ -58,14 +58,6 @@ def format_rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e3:.0f} KB/s"
 
 
-def format_size(nbytes: float) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if nbytes >= scale:
-            value = nbytes / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{int(nbytes)} B"
-
-
 @dataclass
 class Point:
     """One size sent to one peer."""
@@ -109,7 +101,7 @@ class ProbeResults:
         for p in self.peers:
             rows.append((p.peer, "empty call", f"{p.latency_s * 1e3:.3f} ms", "", ""))
             for q in p.points:
-                rows.append(("", format_size(q.nbytes), f"{q.seconds * 1e3:.3f} ms",
+                rows.append(("", text.size(q.nbytes, decimals=None), f"{q.seconds * 1e3:.3f} ms",
                              format_rate(q.bytes_per_s), q.channel))
         return text.table(rows)
 
@@ -227,7 +219,7 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
                 telemetry.record(peer, OP, start, seconds, nbytes, channel=path)
                 result.points.append(Point(nbytes, seconds, path))
                 del tensor
-                bar.step(f"{peer} {format_size(nbytes)}")
+                bar.step(f"{peer} {text.size(nbytes, decimals=None)}")
         ok = True
     finally:
         bar.close(ok)

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rpcnb import text
 from rpcnb.machine import SHM_DIR, shm_free_bytes
 
 HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligned
@@ -219,12 +220,9 @@ def _no_room(nbytes: int, free: int) -> None:
     _full_reported = True
     # told on a thread of its own: this runs under the pool's lock, and the hook may call
     # another member
-    threading.Thread(target=_on_full, args=(NO_ROOM.format(free=_mb(free), size=_mb(nbytes)),),
+    said = NO_ROOM.format(free=text.size(free, "MB", 0), size=text.size(nbytes, "MB", 0))
+    threading.Thread(target=_on_full, args=(said,),
                      name="rpcnb-shm-full", daemon=True).start()
-
-
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.0f} MB"
 
 
 def stats() -> dict[str, int]:

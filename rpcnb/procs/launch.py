@@ -8,8 +8,8 @@ Each worker is ``rpcnb.worker.main()`` in its own session (so a kernel interrupt
 also delivered to it), with stdout and stderr in a log file under the group's directory.
 The launcher talks to this process only through its pipes, ends when this process ends
 (``stop_launcher`` at exit, or its pipe closing when this process is killed), and its
-workers end with it. This module also holds the process helpers (descendants, liveness,
-stopping).
+workers end with it. Facts about processes (liveness, descendants, memory) are
+``rpcnb.procs.processes``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpcnb.procs.processes import is_stopped, pid_alive
+
 # Environment every rpcnb process gets unless the user set it already.
 QUIET_ENV = {
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # TensorPipe's "eof" warning on every graceful leave
@@ -40,50 +42,6 @@ def apply_quiet_env(env: dict[str, str] | None = None) -> dict[str, str]:
     for key, value in QUIET_ENV.items():
         target.setdefault(key, value)
     return dict(target)
-
-
-def proc_state(pid: int) -> str | None:
-    """The state letter of ``pid`` from /proc (R, S, T, Z, ...); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
-    return proc_state(pid) not in (None, "Z", "X")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every descendant of ``pid``, including those in a session of their own (rpcnb's
-    workers are): what to stop by pid when a kernel goes."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_all(pids: list[int]) -> None:
-    """SIGKILL each pid that still exists."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def how_died(returncode: int | None) -> str:
@@ -374,7 +332,7 @@ class LocalWorker:
 
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP, a debugger): it answers nothing."""
-        return proc_state(self.pid) in ("T", "t")
+        return is_stopped(self.pid)
 
     def log_tail(self, lines: int = 15) -> str:
         try:

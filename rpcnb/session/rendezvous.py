@@ -197,7 +197,7 @@ def sweep_groups() -> list[Path]:
     import shutil
     import tempfile
 
-    from rpcnb.procs.launch import pid_alive
+    from rpcnb.procs.processes import pid_alive
 
     removed = []
     for conn_file in glob.glob(os.path.join(tempfile.gettempdir(), "rpcnb-*", CONNECTION_FILE)):

@@ -89,10 +89,10 @@ class Group:
 def _memory(memory: dict[str, int]) -> str:
     if not memory:
         return "-"
-    text = f"{memory.get('rss', 0) / (1 << 20):.0f} MB"
+    said = text.size(memory.get("rss", 0), "MB", 0)
     if memory.get("shm"):
-        text += f" (shm {memory['shm'] / (1 << 20):.0f} MB)"
-    return text
+        said += f" (shm {text.size(memory['shm'], 'MB', 0)})"
+    return said
 
 
 class Session:

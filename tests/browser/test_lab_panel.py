@@ -53,7 +53,7 @@ UCX_CELLS = [
     "%load_ext rpcnb\n%rpc_init --workers 1 --ucx --no-shm",
     "import torch\nt = torch.ones(1024, 1024)  # 4 MB: above the UCX path's 1 MB threshold",
     "%%remote worker1 --push t --fetch\nt.sum().item()",
-    "from rpcnb import ucx\nprint('UCX transport:', ucx.transports()['worker1'])",
+    "from rpcnb.paths import ucx\nprint('UCX transport:', ucx.transports()['worker1'])",
     "%rpc_channels",
     "%rpc_shutdown",
 ]

@@ -1,0 +1,55 @@
+"""Facts about processes, and stopping them by pid: whether one runs, whether it is
+stopped, its descendants, its resident memory. They come from psutil, which reads them
+the same way on every Linux (and beyond), so nothing in rpcnb parses /proc for them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+
+def state(pid: int) -> str | None:
+    """psutil's status of ``pid`` (``"running"``, ``"sleeping"``, ``"stopped"``,
+    ``"zombie"``, ...); None when it is gone."""
+    try:
+        return str(psutil.Process(pid).status())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    return state(pid) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, or held by a debugger)."""
+    return state(pid) in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, including those in a session of their own (rpcnb's
+    workers are): what to stop by pid when a kernel goes."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each pid that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of process ``pid`` (this one by default); 0 when it is gone."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
