@@ -113,7 +113,7 @@ def test_the_kernelspec_is_installed():
                                        capture_output=True, text=True, timeout=60).stdout)
     spec = listed["kernelspecs"]["rpcnb"]["spec"]
     assert spec["display_name"] == isolation.DISPLAY_NAME
-    assert spec["argv"][0] == "python" and spec["argv"][2:4] == ["rpcnb.sandbox.netns", "run"]
+    assert spec["argv"][0] == "python" and spec["argv"][2:4] == ["rpcnb.netns", "run"]
     assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == PROVISIONER
     found = importlib.metadata.entry_points(group="jupyter_client.kernel_provisioners")
     assert [e.value for e in found if e.name == PROVISIONER] == [
