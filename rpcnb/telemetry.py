@@ -3,11 +3,15 @@
 A bounded ring buffer per process, cheap enough to sit on every call (one deque append
 under a lock), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
 records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry points so that plain
-``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too.
+``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too:
+every call is counted, an ``rpc_sync`` call is also timed (where it waits), and an
+``rpc_async`` or ``remote`` call is timed only while ``timing()`` says so (timing one
+costs a callback on TensorPipe's thread, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import threading
@@ -19,8 +23,11 @@ from typing import Any
 CAPACITY = 8192
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Record:
+    """One call. Not frozen: a frozen dataclass's __init__ costs microseconds per call;
+    records are never changed once made."""
+
     peer: str
     op: str
     start: float  # time.time() when the call started
@@ -47,6 +54,21 @@ def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
         listeners = tuple(_listeners)  # a snapshot: others may (un)subscribe meanwhile
     for listener in listeners:
         listener(rec)
+
+
+def count(peer: str) -> None:
+    """Count a call to ``peer`` that is not timed (``timing()`` is off)."""
+    with _lock:
+        _counts[peer] = _counts.get(peer, 0) + 1
+
+
+TIMING_ENV = "RPCNB_CALL_TIMES"
+
+
+def timing() -> bool:
+    """Whether to time every ``rpc_async`` and ``remote`` call too: while someone looks
+    (a channel monitor or the JupyterLab panel subscribed), or ``RPCNB_CALL_TIMES=1``."""
+    return bool(_listeners) or os.environ.get(TIMING_ENV, "") not in ("", "0")
 
 
 def subscribe(listener: Any) -> None:

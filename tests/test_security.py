@@ -12,6 +12,8 @@ from pathlib import Path
 
 from conftest import children_of, listening_addresses, worker_pids
 
+from rpcnb.session import rendezvous
+
 OUTSIDER = Path(__file__).parent / "outsider.py"
 
 
@@ -105,7 +107,7 @@ def test_wrong_secret_or_version_is_refused_before_joining(group, kernel_factory
     # another protocol (an older or newer rpcnb) is refused the same way
     out = eve.execute("import rpcnb.session.rendezvous as r\nr.PROTOCOL = '0'\n"
                       f"%rpc_init --join {path} --name eve2", allow_error=True)
-    assert "speaks rpcnb protocol 1 and this kernel speaks 0" in out.traceback
+    assert f"speaks rpcnb protocol {rendezvous.PROTOCOL} and this kernel speaks 0" in out.traceback
     assert eve.value("__import__('rpcnb.session.state').session.state.is_initialized()") is False
     # neither took torch's membership token: a correct join goes straight through
     ok = kernel_factory()

@@ -32,14 +32,21 @@ def api_group():
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
-def test_plain_rpc_calls_and_cells_are_recorded(api_group):
-    telemetry.clear()
+def _calls(tensor_bytes):
     rpc.rpc_sync("worker1", size_of, args=(torch.ones(10),))
-    fut = rpc.rpc_async("worker1", size_of, args=(torch.ones(1 << 20),))
+    fut = rpc.rpc_async("worker1", size_of, args=(torch.ones(tensor_bytes // 4),))
     fut.wait()
     rref = rpc.remote("worker1", size_of, args=(torch.ones(3),))
     rref.to_here()
     rpcnb.run("worker1", "1 + 1", fetch=True)
+
+
+def test_plain_rpc_calls_and_cells_are_recorded(api_group, monkeypatch):
+    """While someone looks (RPCNB_CALL_TIMES=1 here; a monitor or the panel in a
+    notebook), every call is timed, rpc_async and remote included."""
+    monkeypatch.setenv(telemetry.TIMING_ENV, "1")
+    telemetry.clear()
+    _calls(4 << 20)
     recs = telemetry.records("worker1")
     ops = [r["op"] for r in recs]
     assert ops.count("size_of") == 2 and "remote:size_of" in ops and "cell" in ops
@@ -51,6 +58,21 @@ def test_plain_rpc_calls_and_cells_are_recorded(api_group):
     assert s["calls"] == len(recs)
     assert s["p50_ms"] <= s["p95_ms"]
     assert s["bytes"] >= (4 << 20) and s["bytes_per_s"] > 0
+
+
+def test_untimed_calls_are_counted(api_group, monkeypatch):
+    """Nobody looking: an rpc_sync call is still timed (on the caller's own thread), an
+    rpc_async or remote call only counted (timing it costs a callback per call)."""
+    monkeypatch.delenv(telemetry.TIMING_ENV, raising=False)
+    assert not telemetry.timing()
+    telemetry.clear()
+    _calls(1024)
+    recs = telemetry.records("worker1")
+    ops = [r["op"] for r in recs]
+    assert ops.count("size_of") == 1 and "remote:size_of" not in ops and "cell" in ops
+    assert next(r for r in recs if r["op"] == "size_of")["duration"] > 0
+    # counted, not timed: the rpc_async call, the remote, and the cell's own run_cell request
+    assert telemetry.summary("worker1")["calls"] == len(recs) + 3
 
 
 def test_ring_buffer_is_bounded():

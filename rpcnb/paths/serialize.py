@@ -44,8 +44,10 @@ _installed = False
 
 
 def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
-    """torch's ``_InternalRPCPickler.serialize``, with cloudpickle's by-value reducers."""
-
+    """torch's ``_InternalRPCPickler.serialize``, with cloudpickle's by-value reducers
+    where a message needs them (``plain`` says where it does not)."""
+    if plain(obj):
+        return _serialize_plain(obj)
     from rpcnb.wire import _torch
 
     f = io.BytesIO()
@@ -66,6 +68,88 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
 
 
+def _serialize_plain(obj: Any) -> tuple[bytes, list[Any]]:
+    """A message of functions importable by name and plain values: the C pickler alone,
+    with the same dispatch table (tensors still take rpcnb's paths), as fast as torch's."""
+    f = io.BytesIO()
+    p = pickle.Pickler(f, protocol=PROTOCOL)
+    p.dispatch_table = _table[1] if _table is not None else _dispatch_table(obj)
+    tables = _TENSOR_TABLES
+    old = getattr(tables, "send_tables", None)
+    tensors: list[Any] = []
+    tables.send_tables = tensors
+    try:
+        p.dump(obj)
+    finally:
+        if old is not None:
+            tables.send_tables = old
+        else:
+            del tables.send_tables
+    s = state.active()
+    if s is None:
+        return f.getvalue(), tensors
+    return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
+
+
+_TENSOR_TABLES: Any = None  # torch's thread-local RPC tensor tables, once installed
+_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
+_PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
+_BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
+
+
+def plain(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` pickles the same with the C pickler alone as with cloudpickle: a
+    call (``PythonUDF``) of a function importable by name, or a value, made of numbers,
+    strings, bytes, None, dense CPU or CUDA tensors, and short tuples, lists and
+    string-keyed dicts of those. Anything else (notebook code, lambdas, classes,
+    objects of any other type) takes cloudpickle's path, which decides what goes by value."""
+    cls = type(obj)
+    if cls in _LEAVES or cls is _TENSOR:
+        return True
+    if depth > 3:
+        return False
+    if cls is tuple or cls is list:
+        return len(obj) <= _PLAIN_ITEMS and all(plain(item, depth + 1) for item in obj)
+    if cls is dict:
+        return len(obj) <= _PLAIN_ITEMS and all(
+            type(k) is str and plain(v, depth + 1) for k, v in obj.items())
+    if cls is _UDF:
+        return _by_name(obj.func) and plain(obj.args, depth + 1) and plain(obj.kwargs or {}, depth + 1)
+    return False
+
+
+def _by_name(func: Any) -> bool:
+    """A function the receiver imports by name: defined at the top of an importable module
+    (not the notebook's, not one rpcnb's hooks replaced, not one the user registered with
+    ``cloudpickle.register_pickle_by_value``), found there under its name."""
+    by_value = notebook.by_value_modules()
+    if _BY_NAME.get(id(func)) is func and not by_value:
+        return True
+    if type(func) not in (types.FunctionType, types.BuiltinFunctionType) \
+            or notebook.is_notebook_function(func) or func in notebook.REPLACED:
+        return False
+    name = getattr(func, "__module__", None) or "__main__"
+    module = sys.modules.get(name)
+    if module is None or module is sys.modules.get("__main__"):
+        return False
+    if by_value and any(name == m or name.startswith(m + ".") for m in by_value):
+        return False
+    found: Any = module
+    for part in func.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if found is not func:
+        return False
+    if len(_BY_NAME) > 10_000:
+        _BY_NAME.clear()
+    _BY_NAME[id(func)] = func
+    return True
+
+
+_TENSOR: Any = None  # torch.Tensor, once installed
+_UDF: Any = None  # torch's PythonUDF
+_ENTRY: Any = None  # rpcnb.session.protocol.entry, the target of rpcnb's own requests
+
+
 _original_deserialize: Any = None  # torch's _InternalRPCPickler.deserialize
 
 
@@ -81,12 +165,20 @@ def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
         raise PermissionError(rendezvous.UNSIGNED)
     sender, payload = signed
     obj = _original_deserialize(payload, tensor_table)
-    if _on_call is not None and type(obj).__name__ == "PythonUDF":
-        from rpcnb.session import protocol  # imports torch: only here, where torch runs already
-
-        if obj.func is not protocol.entry:  # rpcnb's own requests route their output
-            obj = obj._replace(func=_on_call(obj.func, sender))
+    if _on_call is not None and type(obj) is _UDF and obj.func is not (_ENTRY or _entry()):
+        # rpcnb's own requests (protocol.entry) route their output themselves
+        obj = _UDF(_on_call(obj.func, sender), obj.args, obj.kwargs)
     return obj
+
+
+def _entry() -> Any:
+    """rpcnb.session.protocol.entry, looked up once (install may run while protocol is
+    being imported, as torch's import completes)."""
+    global _ENTRY
+    from rpcnb.session import protocol
+
+    _ENTRY = protocol.entry
+    return _ENTRY
 
 
 _on_call: Any = None
@@ -247,26 +339,70 @@ def _pickler_class() -> Any:
 _rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
 
 
-def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any) -> Any:
-    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry."""
+def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
+    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry.
+
+    A call is timed where that costs nothing: ``rpc_sync``'s on the caller's thread, as it
+    waits (``_Timed``). Timing an ``rpc_async`` or ``remote`` call takes a callback on
+    TensorPipe's thread when it completes, which contends for the GIL with the thread that
+    waits; it is taken only while someone looks (``telemetry.timing()``: a channel
+    monitor or the JupyterLab panel, or ``RPCNB_CALL_TIMES=1``). Otherwise the call is
+    counted, without a time."""
     peer = to if isinstance(to, str) else str(getattr(to, "name", to))
-    index = getattr(func, "rpcnb_op_index", None)
-    if index is not None and isinstance(args, tuple) and len(args) > index:
-        op = str(args[index])  # rpcnb's own request: named by its operation
-    else:
-        op = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
     with telemetry.sending(peer), zerocopy.collecting() as shared:
         result = send()
+    if sync:
+        return _Timed(result, peer, _op(func, args), telemetry.tensor_bytes(args, kwargs), shared)
     is_rref = not hasattr(result, "add_done_callback")
+    timing = telemetry.timing()
+    if not (shared or timing):
+        telemetry.count(peer)
+        return result
     try:
         fut = _rref_future(result) if is_rref else result
     except Exception:
         return result
     if shared:  # the receiver has mapped them once the call completes
         fut.add_done_callback(lambda _f: zerocopy.release(shared))
-    telemetry.watch(fut, peer, ("remote:" if is_rref else "") + op,
-                    telemetry.tensor_bytes(args, kwargs))
+    if timing:
+        telemetry.watch(fut, peer, ("remote:" if is_rref else "") + _op(func, args),
+                        telemetry.tensor_bytes(args, kwargs))
+    else:
+        telemetry.count(peer)
     return result
+
+
+def _op(func: Any, args: Any) -> str:
+    index = getattr(func, "rpcnb_op_index", None)
+    if index is not None and isinstance(args, tuple) and len(args) > index:
+        return str(args[index])  # rpcnb's own request: named by its operation
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
+
+
+class _Timed:
+    """The future of an ``rpc_sync`` call, which ``rpc_sync`` waits on at once: timed, and
+    its shared storages released, in that wait, on the caller's thread."""
+
+    __slots__ = ("_fut", "_peer", "_op", "_nbytes", "_shared", "_start", "_t0")
+
+    def __init__(self, fut: Any, peer: str, op: str, nbytes: int, shared: list[int]) -> None:
+        self._fut, self._peer, self._op, self._nbytes, self._shared = fut, peer, op, nbytes, shared
+        self._start, self._t0 = time.time(), time.perf_counter()
+
+    def wait(self) -> Any:
+        ok = False
+        try:
+            value = self._fut.wait()
+            ok = True
+            return value
+        finally:
+            telemetry.record(self._peer, self._op, self._start, time.perf_counter() - self._t0,
+                             self._nbytes, ok=ok)
+            if self._shared:
+                zerocopy.release(self._shared)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fut, name)
 
 
 def install() -> None:
@@ -281,7 +417,10 @@ def install() -> None:
             return
         from rpcnb.wire import _torch
 
-        global _rref_future, _original_deserialize
+        global _rref_future, _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES
+        import torch
+
+        _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
         _rref_future = _torch.rref_future
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)

@@ -71,17 +71,20 @@ def copying() -> Iterator[None]:
         _local.copy = old
 
 
-@contextlib.contextmanager
-def collecting() -> Iterator[list[int]]:
+class collecting:  # noqa: N801 - used like a function: ``with zerocopy.collecting() as keys:``
     """Around one send: the keys of the storages it sent by handle, to ``release`` when
-    its call has completed."""
-    old = getattr(_local, "pending", None)
-    keys: list[int] = []
-    _local.pending = keys
-    try:
-        yield keys
-    finally:
-        _local.pending = old
+    its call has completed. (A class, not a generator: it sits on every call.)"""
+
+    __slots__ = ("keys", "old")
+
+    def __enter__(self) -> list[int]:
+        self.old = getattr(_local, "pending", None)
+        self.keys: list[int] = []
+        _local.pending = self.keys
+        return self.keys
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.pending = self.old
 
 
 def release(keys: list[int]) -> None:

@@ -112,8 +112,10 @@ def verify(expected: str, given: Any) -> bool:
 # remote exceptions) is signed with a key derived from the secret and checked before it
 # is unpickled (rpcnb.paths.serialize). The protocol number changes whenever rpcnb's requests
 # or signatures do; members with another one are refused before they join torch's group.
-PROTOCOL = "1"
-SIGNATURE = b"rpcnb-sig1:"  # then the HMAC-SHA256, the sender's name, the pickle
+# The signature is keyed BLAKE2b (RFC 7693: a MAC by design, without HMAC's two passes),
+# a 256-bit tag: half the time of HMAC-SHA256 on the small messages most calls are.
+PROTOCOL = "2"
+SIGNATURE = b"rpcnb-sig2:"  # then the 32-byte keyed BLAKE2b, the sender's name, the pickle
 _MAC_END = len(SIGNATURE) + 32
 
 
@@ -131,8 +133,12 @@ def key_check(secret: str) -> str:
 def sign(key: bytes, sender: str, payload: bytes) -> bytes:
     """``payload`` with its signature, saying who sent it (the name is signed too)."""
     name = sender.encode()
-    head = bytes([len(name)]) + name
-    return SIGNATURE + hmac.digest(key, head + payload, "sha256") + head + payload
+    signed = bytes([len(name)]) + name + payload
+    return SIGNATURE + _mac(key, signed) + signed
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    return hashlib.blake2b(data, key=key, digest_size=32).digest()
 
 
 def unsign(key: bytes, data: bytes) -> tuple[str, bytes] | None:
@@ -140,7 +146,7 @@ def unsign(key: bytes, data: bytes) -> tuple[str, bytes] | None:
     if len(data) < _MAC_END + 1 or not data.startswith(SIGNATURE):
         return None
     mac, signed = data[len(SIGNATURE):_MAC_END], data[_MAC_END:]
-    if not hmac.compare_digest(mac, hmac.digest(key, signed, "sha256")):
+    if not hmac.compare_digest(mac, _mac(key, signed)):
         return None
     end = 1 + signed[0]
     return signed[1:end].decode(errors="replace"), signed[end:]

@@ -208,6 +208,16 @@ def tensor_reducer() -> Callable[[Any], Any]:
     return rpc_pickler()._tensor_reducer  # type: ignore[no-any-return]
 
 
+def python_udf() -> type:
+    """The type of a Python call's message (``PythonUDF(func, args, kwargs)``)."""
+    return internal.PythonUDF  # type: ignore[no-any-return]
+
+
+def tensor_tables() -> Any:
+    """torch's thread-local RPC tensor tables (``send_tables`` while a message is pickled)."""
+    return internal._thread_local_tensor_tables
+
+
 @contextlib.contextmanager
 def send_tables() -> Iterator[list[Any]]:
     """The thread-local tensor table that ``tensor_reducer`` fills while a message is
@@ -279,10 +289,12 @@ _hooked = threading.Lock()
 _hook_installed = False
 
 
-def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any]], Any]
+def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], Any]
                ) -> dict[Any, tuple[str, str]]:
-    """Call ``on_call(to, func, args, kwargs, send)`` around every rpc_sync, rpc_async and
-    remote this process makes: ``send()`` makes the call and returns its future (or RRef).
+    """Call ``on_call(to, func, args, kwargs, send, sync)`` around every rpc_sync, rpc_async
+    and remote this process makes: ``send()`` makes the call and returns its future (or
+    RRef); ``sync`` says the caller is ``rpc_sync``, which waits on that future at once, on
+    this thread, and nowhere else (``fut = _invoke_rpc(...); return fut.wait()``).
 
     ``api._invoke_rpc`` (behind rpc_sync and rpc_async) and ``api.remote`` are replaced by
     wrappers that carry torch's own module and name (functools.wraps), so code that
@@ -300,13 +312,14 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any]], Any]
         def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
                         rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             return on_call(to, func, args, kwargs,
-                           lambda: original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout))
+                           lambda: original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout),
+                           rpc_type == internal.RPCExecMode.SYNC)
 
         @functools.wraps(original_remote)
         def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
                    timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             return on_call(to, func, args, kwargs,
-                           lambda: original_remote(to, func, args, kwargs, timeout))
+                           lambda: original_remote(to, func, args, kwargs, timeout), False)
 
         api._invoke_rpc = _invoke_rpc
         api.remote = remote

@@ -57,6 +57,12 @@ def namespace() -> dict[str, Any]:
     return sys.modules["__main__"].__dict__
 
 
+def by_value_modules() -> set[str]:
+    """The modules the user asked cloudpickle to ship by value
+    (``cloudpickle.register_pickle_by_value``): their functions never go by name."""
+    return _cp._PICKLE_BY_VALUE_MODULES  # type: ignore[no-any-return]
+
+
 def is_notebook_function(obj: Any) -> bool:
     """A function defined in this process's notebook (or rebuilt into it)."""
     return type(obj) is types.FunctionType and obj.__globals__ is namespace()
