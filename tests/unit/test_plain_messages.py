@@ -1,0 +1,64 @@
+"""Which messages take the C pickler alone (rpcnb.paths.serialize.plain): those that
+pickle the same without cloudpickle. Anything that must travel by value (notebook code,
+lambdas, local functions, modules the user registered by value) must not."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+
+import cloudpickle
+import pytest
+import torch
+
+from rpcnb.paths import serialize
+from rpcnb.wire import _torch
+
+serialize.install()
+UDF = _torch.python_udf()
+
+
+def importable(x):
+    return x
+
+
+def test_calls_of_importable_functions_with_plain_values_are_plain():
+    for args in [(), (1, 2.5, "s", b"b", None, True), (torch.ones(3),), ([1, 2], {"k": (3, 4)})]:
+        assert serialize.plain(UDF(importable, args, {}))
+    assert serialize.plain(UDF(json.dumps, ({"a": 1},), {"indent": 1}))
+    assert serialize.plain(UDF(math.sqrt, (2.0,), None))  # a builtin, by name
+    assert serialize.plain(torch.zeros(2)) and serialize.plain({"loss": 0.5})
+
+
+def test_what_must_travel_by_value_is_not_plain():
+    def local(x):
+        return x
+
+    assert not serialize.plain(UDF(local, (), {}))
+    assert not serialize.plain(UDF(lambda x: x, (), {}))
+    main = types.FunctionType(importable.__code__, sys.modules["__main__"].__dict__, "nb")
+    assert not serialize.plain(UDF(main, (), {}))  # a notebook function
+    assert not serialize.plain(UDF(importable, (local,), {}))  # code among the arguments
+    assert not serialize.plain(UDF(importable, (object(),), {}))  # an object of any type
+    assert not serialize.plain(UDF(importable, ([0] * 100,), {}))  # long: cloudpickle's check
+
+
+def test_a_module_registered_by_value_is_never_sent_by_name():
+    assert serialize.plain(UDF(importable, (), {}))
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        assert not serialize.plain(UDF(importable, (), {}))
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    assert serialize.plain(UDF(importable, (), {}))
+
+
+@pytest.mark.parametrize("message", [UDF(importable, (1, "x", torch.arange(4)), {"k": [1.0]})])
+def test_a_plain_message_reads_back_the_same(message):
+    data, tensors = serialize._serialize(None, message)
+    back = _torch.rpc_pickler().deserialize(data, tensors)
+    assert back.func is importable and back.args[:2] == (1, "x")
+    assert torch.equal(back.args[2], torch.arange(4)) and back.kwargs == {"k": [1.0]}
