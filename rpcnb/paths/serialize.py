@@ -350,7 +350,12 @@ def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bo
     counted, without a time."""
     peer = to if isinstance(to, str) else str(getattr(to, "name", to))
     with telemetry.sending(peer), zerocopy.collecting() as shared:
-        result = send()
+        if _builtin(func) and _takes_our_paths(args, kwargs):
+            # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
+            # the same operator, they take shared memory (or go by handle) as any call's
+            result = send(run_builtin, (func, tuple(args or ()), dict(kwargs or {})), None)
+        else:
+            result = send()
     if sync:
         return _Timed(result, peer, _op(func, args), telemetry.tensor_bytes(args, kwargs), shared)
     is_rref = not hasattr(result, "add_done_callback")
@@ -370,6 +375,38 @@ def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bo
     else:
         telemetry.count(peer)
     return result
+
+
+def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Where a builtin operator's call arrives as a Python call: the operator itself."""
+    return func(*args, **kwargs)
+
+
+_BUILTINS: dict[int, tuple[Any, bool]] = {}  # id -> (function, is torch's builtin)
+
+
+def _builtin(func: Any) -> bool:
+    known = _BUILTINS.get(id(func))
+    if known is not None and known[0] is func:
+        return known[1]
+    from rpcnb.wire import _torch
+
+    answer = _torch.is_builtin(func)
+    if len(_BUILTINS) > 10_000:
+        _BUILTINS.clear()
+    _BUILTINS[id(func)] = (func, answer)
+    return answer
+
+
+def _takes_our_paths(args: Any, kwargs: Any) -> bool:
+    """Whether a tensor among the arguments (one level deep) would take rpcnb's shared
+    memory or go by handle, were the call a Python one."""
+    for group in (args or (), (kwargs or {}).values()):
+        for item in group:
+            for t in (item if isinstance(item, (list, tuple)) else (item,)):
+                if type(t) is _TENSOR and (shm.wants(t) or zerocopy.can_share(t)):
+                    return True
+    return False
 
 
 def _op(func: Any, args: Any) -> str:

@@ -124,6 +124,12 @@ def _count(**more: int) -> None:
             _stats[key] += n
 
 
+def can_share(tensor: Any) -> bool:
+    """Whether ``tensor`` is in shared memory that this path could hand over by handle."""
+    return (tensor.device.type == "cpu" and not tensor.requires_grad and is_on()
+            and tensor.is_shared())
+
+
 def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     """The reduce tuple that maps ``tensor``'s shared storage on the receiver, or None
     when it is not shared memory this path can hand over (or the path is off)."""

@@ -293,8 +293,9 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
                ) -> dict[Any, tuple[str, str]]:
     """Call ``on_call(to, func, args, kwargs, send, sync)`` around every rpc_sync, rpc_async
     and remote this process makes: ``send()`` makes the call and returns its future (or
-    RRef); ``sync`` says the caller is ``rpc_sync``, which waits on that future at once, on
-    this thread, and nowhere else (``fut = _invoke_rpc(...); return fut.wait()``).
+    RRef), ``send(func2, args2, kwargs2)`` makes that call instead; ``sync`` says the
+    caller is ``rpc_sync``, which waits on that future at once, on this thread, and
+    nowhere else (``fut = _invoke_rpc(...); return fut.wait()``).
 
     ``api._invoke_rpc`` (behind rpc_sync and rpc_async) and ``api.remote`` are replaced by
     wrappers that carry torch's own module and name (functools.wraps), so code that
@@ -311,15 +312,18 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         @functools.wraps(original_invoke)
         def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
                         rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-            return on_call(to, func, args, kwargs,
-                           lambda: original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout),
-                           rpc_type == internal.RPCExecMode.SYNC)
+            def send(f: Any = func, a: Any = args, k: Any = kwargs) -> Any:
+                return original_invoke(to, f, rpc_type, a, k, rpc_timeout)
+
+            return on_call(to, func, args, kwargs, send, rpc_type == internal.RPCExecMode.SYNC)
 
         @functools.wraps(original_remote)
         def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
                    timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-            return on_call(to, func, args, kwargs,
-                           lambda: original_remote(to, func, args, kwargs, timeout), False)
+            def send(f: Any = func, a: Any = args, k: Any = kwargs) -> Any:
+                return original_remote(to, f, a, k, timeout)
+
+            return on_call(to, func, args, kwargs, send, False)
 
         api._invoke_rpc = _invoke_rpc
         api.remote = remote
@@ -327,6 +331,17 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         _hook_installed = True
         return {original_invoke: (api.__name__, "_invoke_rpc"),
                 original_remote: (api.__name__, "remote")}
+
+
+def is_builtin(func: Any) -> bool:
+    """Whether torch RPC sends a call of ``func`` as a builtin operator (``torch.add``):
+    serialized in C++, its tensors in TensorPipe's table, never through the pickler."""
+    from torch.jit import _builtins
+
+    try:
+        return _builtins._find_builtin(func) is not None
+    except TypeError:  # unhashable
+        return False
 
 
 def rref_future(rref: Any) -> Any:
