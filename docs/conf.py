@@ -25,6 +25,9 @@ extensions = [
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 root_doc = "index"
+# text as written: no curly quotes in dict literals and error messages, and "--flag" in
+# prose (the magics' help, the quoted error sentences) stays two hyphens, not an en dash
+smartquotes = False
 
 # -- MyST ----------------------------------------------------------------------------------
 
