@@ -55,6 +55,7 @@ autodoc_preserve_defaults = True
 autoclass_content = "both"  # a class's docstring and its __init__'s
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+napoleon_use_ivar = True  # "Attributes:" as a field list: a dataclass's fields are members too
 nitpicky = False  # rpcnb's hints name torch and IPython types we do not link to
 
 # -- HTML ----------------------------------------------------------------------------------
