@@ -25,6 +25,9 @@ extensions = [
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 root_doc = "index"
+# text as written: no curly quotes in dict literals and error messages, and "--flag" in
+# prose (the magics' help, the quoted error sentences) stays two hyphens, not an en dash
+smartquotes = False
 
 # -- MyST ----------------------------------------------------------------------------------
 
@@ -52,6 +55,7 @@ autodoc_preserve_defaults = True
 autoclass_content = "both"  # a class's docstring and its __init__'s
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+napoleon_use_ivar = True  # "Attributes:" as a field list: a dataclass's fields are members too
 nitpicky = False  # rpcnb's hints name torch and IPython types we do not link to
 
 # -- HTML ----------------------------------------------------------------------------------

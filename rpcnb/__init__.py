@@ -89,7 +89,15 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext rpcnb``: register the magics, the RRef display and the JupyterLab
-    panel's comm target (torch not imported)."""
+    panel's comm target (torch not imported).
+
+    Also makes torch's RPC ship functions and classes defined in the notebook by value
+    (once torch is imported), and sets ``TORCH_CPP_LOG_LEVEL=ERROR`` and
+    ``TP_SOCKET_IFNAME=lo`` unless they are set. Raises nothing of its own.
+
+    Args:
+        ip: the IPython shell loading the extension (``InteractiveShell``).
+    """
     from rpcnb.frontend import panel, rrefs
     from rpcnb.frontend.magics import RpcMagics
     from rpcnb.paths import serialize

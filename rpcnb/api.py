@@ -66,21 +66,54 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
          zero_copy: bool = True) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
-    The workers are named ``worker1``..``workerN``. ``gpus`` says which of this kernel's
-    GPUs each worker gets (``"0,1"``: one each; ``"0+1,2+3"``: two each; ``"auto"``:
-    round-robin; ``"none"``); a worker numbers its GPUs from ``cuda:0``, as torch does in a
-    process that sees only those. ``device_map`` (torch's dict form or DI-engine's
-    ``"1_0_1"`` string) is this process's map, checked against every member's devices
-    before anything starts; ``"auto"`` maps every GPU to the same index on every other
-    member that has it, for every member (DI-engine's default). By default the rendezvous
-    is a file in a private temporary directory, so the group is reachable from this host
-    only; ``port`` serves it over TCP on ``host``
-    (loopback unless ``allow_remote``). Either way a random secret, kept in the connection
-    file, is needed to join. TensorPipe listens on the interface that owns ``host``, or on
-    ``interface`` when it is given (anything but ``lo`` needs ``allow_remote``).
-    ``ucx`` (default: the ``RPCNB_UCX`` variable) moves large tensors over UCX
-    (``rpcnb.paths.ucx``; needs ``pip install 'rpcnb[ucx]'``, ``'rpcnb[ucx-cu13]'`` for a torch
-    built with CUDA 13).
+    The workers are named ``worker1``..``workerN``. By default the rendezvous is a file in
+    a private temporary directory, so the group is reachable from this host only; ``port``
+    serves it over TCP on ``host`` (loopback unless ``allow_remote``). Either way a random
+    secret, kept in the connection file, is needed to join. ``%rpc_init --workers N``.
+
+    Args:
+        workers: how many worker processes to start (0: none).
+        name: this process's name in the group.
+        threads: TensorPipe's RPC threads per process.
+        timeout: the timeout of torch's RPC calls, in seconds (remote cells have none).
+        channels: the TensorPipe channels to allow, in priority order (default: all).
+        transports: the TensorPipe transports to allow, in priority order (default: ``uv``).
+        shm: large CPU tensors go through rpcnb's shared memory (False: over TensorPipe only).
+        device_map: this process's map (torch's dict form or DI-engine's ``"1_0_1"``
+            string), checked against every member's devices before anything starts;
+            ``"auto"`` maps every GPU to the same index on every other member that has it,
+            for every member (DI-engine's default).
+        gpus: which of this kernel's GPUs each worker gets (``"0,1"``: one each;
+            ``"0+1,2+3"``: two each; ``"auto"``: round-robin; ``"none"``); a worker numbers
+            its GPUs from ``cuda:0``, as torch does in a process that sees only those.
+            Default: the workers see what this process sees.
+        port: serve the rendezvous over TCP on this port (0: any free one) instead of a file.
+        host: with ``port``, the address to listen on (loopback unless ``allow_remote``).
+        allow_remote: accept a ``host`` or ``interface`` that other machines can reach.
+        interface: the network interface TensorPipe listens on (default: the one that owns
+            ``host``); anything but ``lo`` needs ``allow_remote``.
+        ucx: move large tensors over UCX (``rpcnb.paths.ucx``; needs
+            ``pip install 'rpcnb[ucx]'``, ``'rpcnb[ucx-cu13]'`` for a torch built with
+            CUDA 13). Default: the ``RPCNB_UCX`` variable.
+        zero_copy: a tensor already in shared memory goes by handle, sharing its pages with
+            the receiver (False: it is copied, as every other tensor is).
+
+    Returns:
+        The group, this process and its workers (``print()`` it for a table).
+
+    Raises:
+        rpcnb.RpcnbError: this process is already in a group; ``port`` is busy or ``host``
+            cannot be bound; an earlier group of this process fixed another interface; a
+            worker failed to start or did not join in time (the start is undone: nothing
+            is left running); ``ucx`` is on and ucxx is not installed.
+        ValueError: an argument that cannot work, named in the message: an invalid
+            ``name`` or one that clashes with a worker's, ``workers`` below 0,
+            ``threads`` below 1, ``timeout`` not above 0, unknown ``channels`` or
+            ``transports``, ``gpus`` or ``device_map`` that do not fit the members'
+            devices, ``port`` out of range, a ``host`` that is not numeric, not this
+            machine's, or not loopback without ``allow_remote``, an unknown ``interface`` or
+            one other than ``lo`` without ``allow_remote``, ``host`` or ``allow_remote``
+            without ``port``.
     """
     launch.apply_quiet_env()  # before torch is imported, if it is not yet
     if state.is_initialized():
@@ -181,10 +214,37 @@ def join(address: str, name: str, *, token: str | None = None,
          kind: str = "kernel", ucx: bool | None = None, zero_copy: bool = True) -> Group:
     """Join a group as ``name``; remote cells sent to ``name`` run in this namespace.
 
-    ``address`` is the connection file %rpc_init printed (or its directory, or the
-    file:// store beside it); from another host, ``tcp://HOST:PORT`` with ``token``.
-    There TensorPipe listens on ``interface`` (default: the interface that reaches HOST).
-    ``ucx``: as for ``init``; give it when the group's first kernel did.
+    ``%rpc_init --join ADDR --name NAME``.
+
+    Args:
+        address: the connection file %rpc_init printed (or its directory, or the
+            file:// store beside it); from another host, ``tcp://HOST:PORT`` with ``token``.
+        name: this process's name in the group; names are never reused in one group.
+        token: with a ``tcp://`` address, the group's secret, from its connection file.
+        threads: TensorPipe's RPC threads per process.
+        timeout: the timeout of torch's RPC calls, in seconds (default 60).
+        shm: large CPU tensors go through rpcnb's shared memory (False: over TensorPipe only).
+        device_map: this process's map, as for ``init``, checked against the devices of the
+            members already in the group before joining.
+        interface: from another host, the network interface TensorPipe listens on
+            (default: the interface that reaches HOST).
+        kind: what ``%rpc_workers`` shows as this member's kind.
+        ucx: as for ``init``; give it when the group's first kernel did.
+        zero_copy: as for ``init``.
+
+    Returns:
+        The group, this process included (``print()`` it for a table).
+
+    Raises:
+        rpcnb.RpcnbError: this process is already in a group; no group answers at ``address``;
+            a ``tcp://`` address without ``token``; the group refused the secret (a wrong
+            token, another group's connection file); ``name`` is taken in the group; an
+            earlier group of this process fixed another interface; ``ucx`` is on and ucxx
+            is not installed.
+        ValueError: an invalid ``name``, ``threads`` below 1 or ``timeout`` not above 0;
+            an ``address`` that is no rendezvous address; a ``device_map`` that does not fit
+            the members' devices, or another member's map that sends to a GPU this process
+            lacks; an unknown ``interface``.
     """
     launch.apply_quiet_env()
     opts = options.validate(threads, timeout if timeout is not None
@@ -216,7 +276,21 @@ def join(address: str, name: str, *, token: str | None = None,
 def restart(name: str) -> Group:
     """Replace worker ``name`` (dead, stuck or running) with a fresh process under the same
     name, GPUs and device map, on the first kernel; prints what was lost (its namespace,
-    the RRefs it owned). A stuck process is killed first."""
+    the RRefs it owned). A stuck process is killed first.
+
+    ``%rpc_restart WORKER``.
+
+    Args:
+        name: the worker to replace, one that this process started.
+
+    Returns:
+        The group, with the fresh process under ``name``.
+
+    Raises:
+        rpcnb.RpcnbError: this process is in no group or is not its first kernel; ``name`` is
+            this process, a kernel that joined, or no worker of the group; the fresh
+            process failed to start or did not join in time.
+    """
     from rpcnb.membership import resize
 
     print(resize.restart(name))
@@ -226,7 +300,26 @@ def restart(name: str) -> Group:
 @_launcher_kept_only_if_used
 def add_workers(n: int, gpus: str | None = None) -> Group:
     """Start ``n`` more workers in the running group (on the first kernel); ``gpus`` as
-    for ``init``."""
+    for ``init``.
+
+    ``%rpc_init --add N``.
+
+    Args:
+        n: how many workers to start; they are named on from the highest ``workerK`` the
+            group has used.
+        gpus: which of this kernel's GPUs each new worker gets, as for ``init``.
+
+    Returns:
+        The group, with the new workers.
+
+    Raises:
+        ValueError: ``n`` is not a whole number above 0, or ``gpus`` does not fit this
+            machine's GPUs.
+        rpcnb.RpcnbError: this process is in no group or is not its first kernel; the group has
+            device maps (torch fixes a member's map when it starts, so the members running
+            could not send CUDA tensors to new ones); a worker failed to start or did not
+            join in time.
+    """
     from rpcnb.membership import resize
 
     print(resize.describe_added(resize.add_workers(n, gpus)))
@@ -238,7 +331,15 @@ def shutdown(timeout: float = 10.0) -> None:
 
     Bounded: a worker that has not left after ``timeout`` seconds is killed (a process
     this kernel started) or dropped from the group (a joined kernel). No worker process
-    is left behind, and ``init`` works again afterwards.
+    is left behind, and ``init`` works again afterwards. On a kernel that joined, only
+    this kernel leaves and the group goes on. ``%rpc_shutdown``.
+
+    Args:
+        timeout: seconds the other members get to leave before they are stopped
+            (SIGTERM, then SIGKILL) or dropped.
+
+    Raises:
+        rpcnb.RpcnbError: this process is in no group.
     """
     s = state.current()
     if s.is_leader:

@@ -179,7 +179,12 @@ ZERO_COPY_UNREACHABLE = (
 
 
 class RpcnbError(RuntimeError):
-    """A problem rpcnb can name: bad input, a missing group, a dead worker."""
+    """A problem rpcnb can name: bad input, a missing group, a dead worker.
+
+    The base of rpcnb's own errors (``WorkerDiedError``, ``RemoteError``); its message is
+    one sentence that says what to do, and IPython shows that sentence without the local
+    traceback. The magics show a plain ``RpcnbError`` as a ``UsageError``.
+    """
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of a deep local stack: the message says it all.
@@ -187,7 +192,14 @@ class RpcnbError(RuntimeError):
 
 
 class WorkerDiedError(RpcnbError):
-    """The worker a call went to has died (or left) before answering."""
+    """The worker a call went to has died (or left) before answering.
+
+    The message says how it died (for a process this kernel started, with the end of its
+    log); the rest of the group keeps working.
+
+    Attributes:
+        worker: the name of the worker that died or left.
+    """
 
     def __init__(self, message: str, worker: str) -> None:
         super().__init__(message)
@@ -197,9 +209,15 @@ class WorkerDiedError(RpcnbError):
 class RemoteError(RpcnbError):
     """An exception raised by code running on a worker.
 
-    ``worker`` names the worker, ``ename``/``evalue`` the remote exception, and
-    ``traceback`` holds the remote traceback text, with the cell's own line numbers.
-    IPython shows that traceback instead of the local one (``_render_traceback_``).
+    IPython shows the remote traceback instead of the local one (``_render_traceback_``).
+    The worker lives on, its namespace as the cell left it.
+
+    Attributes:
+        worker: the name of the worker the code raised on.
+        ename: the remote exception's type name, e.g. ``"ZeroDivisionError"``.
+        evalue: the remote exception's message.
+        traceback: the remote traceback text, with the cell's own line numbers
+            (``<worker1 cell 3>``).
     """
 
     def __init__(self, worker: str, ename: str, evalue: str, traceback: str) -> None:
@@ -216,7 +234,16 @@ class RemoteError(RpcnbError):
 
 
 class CompositeRemoteError(RemoteError):
-    """Several workers raised; ``errors`` maps each worker's name to its RemoteError."""
+    """Several workers raised; ``errors`` maps each worker's name to its RemoteError.
+
+    Raised by a cell sent to several workers (``%%remote w1,w2``, ``--all``) when more than
+    one of them raised; IPython shows each traceback.
+
+    Attributes:
+        errors: each worker's name mapped to its ``RemoteError``.
+        worker: the first of those workers (``ename``, ``evalue`` and ``traceback`` are
+            its error's, as a single ``RemoteError`` has them).
+    """
 
     def __init__(self, errors: dict[str, RemoteError]) -> None:
         first = next(iter(errors.values()))

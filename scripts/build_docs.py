@@ -10,7 +10,10 @@
    stored notebook, which has no outputs (what ``tests/test_docs.py`` builds, quickly).
 2. Stages ``docs/`` (without ``_build``) in ``<build>/src`` with those notebooks under
    ``tutorials/``. A notebook's links to
-   ``../docs/X.md`` become ``../X.md``, where the site has those pages.
+   ``../docs/X.md`` become ``../X.md``, where the site has those pages. The staged
+   ``magics.md`` gets its flag tables from the magics' parsers (``scripts/magic_flags.py``),
+   so the site lists the flags the code has; where the committed page differs, the build
+   says so (``tests/unit/test_docs_flags.py`` fails on it).
 3. Runs ``sphinx-build -W --keep-going -E`` on the staged tree into ``<build>/html``.
    myst-nb renders the notebooks as they are (``nb_execution_mode = "off"`` in conf.py).
 
@@ -28,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import magic_flags
 from tutorials import EXECUTED, execute, sources, stale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,13 +47,17 @@ def site_links(text: str) -> str:
 
 
 def stage(src: Path, notebooks: list[Path]) -> None:
-    """docs/ without its build output, and the notebooks under tutorials/."""
+    """docs/ without its build output, its flag tables from the parsers, and the notebooks
+    under tutorials/."""
     import nbformat
 
     if src.exists():
         shutil.rmtree(src)
     shutil.copytree(DOCS, src, ignore=shutil.ignore_patterns(
         "_build", ".ipynb_checkpoints", "__pycache__"))
+    if magic_flags.write(src / "magics.md"):
+        print("docs: docs/magics.md's flag tables differ from the parsers (the site gets the "
+              "parsers'); `python scripts/magic_flags.py` rewrites them", flush=True)
     (src / "tutorials").mkdir(exist_ok=True)
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)

@@ -167,7 +167,32 @@ def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = Fals
           push: dict[str, Any] | None = None, timeout: float | None = None,
           zero_copy: bool = True) -> BackgroundCell:
     """Send a cell like ``run`` and return at once with its handle; its output keeps
-    streaming into the cell (or terminal) that started it."""
+    streaming into the cell (or terminal) that started it.
+
+    A worker runs one cell at a time: a cell sent later to the same worker waits behind
+    this one. ``%%remote --bg``; ``rpcnb.run_bg``.
+
+    Args:
+        target: the worker(s), as for ``run``.
+        source: the cell's code, as for ``run``.
+        fetch: send the last expression's value back instead of an RRef to it.
+        push: values to put into the worker's namespace first, by name.
+        timeout: interrupt the cell after this many seconds (default: no limit).
+        zero_copy: as for ``run``.
+
+    Returns:
+        The cell's handle, a ``BackgroundCell`` with ``ready()``, ``wait(timeout)``,
+        ``result()`` (what ``run`` would have returned; the cell's error, such as a
+        ``RemoteError``, is raised there), ``cancel()``, ``wait_interactive()`` and
+        ``status``.
+
+    Raises:
+        rpcnb.RpcnbError: this process is in no group; a name that is no worker of the group;
+            ``ALL`` in a group without other members.
+        rpcnb.WorkerDiedError: a named worker has died or left.
+        ValueError: an empty ``source``, a ``timeout`` not above 0, or a ``push`` value
+            that cannot be pickled.
+    """
     s = state.current()
     names, many = call.prepare(s, target, source, timeout)
     behind = call.background_on(s, names)
@@ -185,7 +210,20 @@ def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = Fals
 
 
 def jobs(include_ended: bool = True) -> list[BackgroundCell]:
-    """This process's background cells of the current group, oldest first."""
+    """This process's background cells of the current group, oldest first.
+
+    ``%rpc_jobs`` shows them as a table.
+
+    Args:
+        include_ended: also the cells that have ended (``%rpc_jobs --all``); False: only
+            those still running or queued.
+
+    Returns:
+        A list of ``BackgroundCell`` handles, oldest first.
+
+    Raises:
+        rpcnb.RpcnbError: this process is in no group.
+    """
     s = state.current()
     with s.lock:
         found = sorted(s.background.values(), key=lambda j: j.id)

@@ -52,13 +52,38 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         zero_copy: bool = True) -> Any:
     """Run ``source`` on the target worker(s) as a cell and wait for it.
 
-    Output streams into this process's stdout/stderr/display while the cell runs. Returns
-    an RRef to the last expression's value (None if there is none), the value itself with
-    ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are named
-    (None when no worker had a value).
-    Raises RemoteError (with ``.worker``) for an exception on the worker.
-    ``zero_copy=False``: tensors already in shared memory among ``push`` (and, with
-    ``fetch``, in the value) are copied instead of shared by handle (``rpcnb.paths.zerocopy``).
+    Output streams into this process's stdout/stderr/display while the cell runs. An
+    interrupt of this process (the notebook's stop button) interrupts the cell on the
+    workers too. ``%%remote``.
+
+    Args:
+        target: a worker's name, several (``"w1,w2"`` or a list; they run in parallel), or
+            ``ALL`` (or None) for every member but this process.
+        source: the cell's code; IPython syntax (magics, ``!`` commands) works.
+        fetch: send the last expression's value back instead of an RRef to it.
+        push: values to put into the worker's namespace first, by name (functions and
+            classes defined in the notebook travel by value).
+        timeout: interrupt the cell after this many seconds (default: no limit).
+        zero_copy: False: tensors already in shared memory among ``push`` (and, with
+            ``fetch``, in the value) are copied instead of shared by handle
+            (``rpcnb.paths.zerocopy``).
+
+    Returns:
+        An RRef to the last expression's value (None if there is none), the value itself
+        with ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are
+        named (None when no worker had a value).
+
+    Raises:
+        rpcnb.RemoteError: the code raised on the worker (``.worker`` names it, ``.traceback``
+            is the remote traceback); ``CompositeRemoteError`` when several workers raised.
+        rpcnb.WorkerDiedError: a worker died before or during the cell, or had left the group.
+        TimeoutError: ``timeout`` passed; the message says whether the cell stopped or
+            still runs on the worker.
+        KeyboardInterrupt: this process was interrupted while it waited.
+        rpcnb.RpcnbError: this process is in no group; a name that is no worker of the group;
+            ``ALL`` in a group without other members.
+        ValueError: an empty ``source``, a ``timeout`` not above 0, or a ``push`` value
+            that cannot be pickled.
     """
     s = state.current()
     names, many = prepare(s, target, source, timeout)
@@ -367,7 +392,15 @@ def _call_failure(s: Session, worker: str, exc: BaseException) -> BaseException:
 
 def interrupt(worker: str) -> None:
     """Interrupt whatever remote cell ``worker`` is running for this process (the cell
-    ends with KeyboardInterrupt; the worker and its namespace stay)."""
+    ends with KeyboardInterrupt; the worker and its namespace stay).
+
+    Args:
+        worker: the name of the worker running the cell; nothing happens when it runs
+            none for this process.
+
+    Raises:
+        rpcnb.RpcnbError: this process is in no group.
+    """
     s = state.current()
     with s.lock:
         ids = [c.call_id for c in s.calls.values() if c.worker == worker]

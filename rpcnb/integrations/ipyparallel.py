@@ -145,7 +145,26 @@ def attach(client_or_cluster: Any, *, targets: Any = None, timeout: float = STAR
     """Make this process the first member of a new group whose other members are the
     engines of a running ipyparallel cluster (a ``Cluster``, a ``Client``, or a profile
     name / cluster id / profile directory to connect to), ``worker<K+1>`` for engine K.
-    ``%rpc_shutdown`` leaves the engines running. ``targets``: some engine ids only."""
+    ``%rpc_shutdown`` leaves the engines running. ``%rpc_init --attach CLUSTER``.
+
+    Args:
+        client_or_cluster: an ipyparallel ``Cluster`` or ``Client``, or a cluster id,
+            ``PROFILE:ID``, a profile name or a profile directory to connect to.
+        targets: some engine ids only (one id or several; default: every engine).
+        timeout: seconds the engines get to join.
+        **init_kwargs: the group's settings, as for ``init`` (``port``, ``host`` and
+            ``allow_remote`` for engines on other hosts, ``interface``, ``threads``, ...).
+
+    Returns:
+        The group, this process and the engines as its members.
+
+    Raises:
+        rpcnb.RpcnbError: this process is already in a group; ipyparallel is not installed; no
+            running cluster answers to the name; the cluster has no engines; engines run
+            on other hosts and ``port`` is not given; an engine failed or timed out
+            joining; and what ``init`` raises.
+        ValueError: ``client_or_cluster`` is none of the above; and what ``init`` raises.
+    """
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
     ipp = _ipyparallel()

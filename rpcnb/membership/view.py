@@ -38,8 +38,19 @@ def listen_address() -> str:
 def group(refresh: bool = True) -> Group:
     """The group now: every member with host, pid, devices, liveness, calls and latency.
 
-    With ``refresh`` every other member is asked about itself (5 s at most); one that
-    does not answer shows as "not answering" until it answers again."""
+    ``%rpc_workers`` shows it.
+
+    Args:
+        refresh: every other member is asked about itself (5 s at most); one that does not
+            answer shows as "not answering" until it answers again. False: what this
+            process last heard.
+
+    Returns:
+        A ``Group``, its members ordered by rank; ``print()`` it for a table.
+
+    Raises:
+        rpcnb.RpcnbError: this process is in no group.
+    """
     s = state.current()
     admitted = set(roster.live_names(s)) | {s.name}
     infos = {w.name: w.id for w in _torch.agent().get_worker_infos() if w.name in admitted}

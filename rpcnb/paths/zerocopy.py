@@ -62,7 +62,16 @@ def is_on() -> bool:
 
 @contextlib.contextmanager
 def copying() -> Iterator[None]:
-    """Inside this block, this thread copies shared tensors too (copy semantics)."""
+    """Inside this block, this thread copies shared tensors too (copy semantics).
+
+    ``with rpcnb.copying():`` every call this thread makes inside the block copies the
+    tensors already in shared memory (``share_memory_()``, ``torch.multiprocessing``) that
+    it sends, instead of sending them by handle, which shares their pages with the
+    receiver. Blocks nest; the setting before the block is back after it.
+
+    Yields:
+        None: the block runs with copy semantics.
+    """
     old = getattr(_local, "copy", False)
     _local.copy = True
     try:

@@ -45,7 +45,18 @@ class Member:
 
 @dataclass
 class Group:
-    """The group as seen from this process; ``print()`` it for a table."""
+    """The group as seen from this process; ``print()`` it for a table.
+
+    ``rpcnb.group()``, ``init``, ``join`` and ``%rpc_workers`` return one.
+
+    Attributes:
+        me: this process's name in the group.
+        leader: the name of the group's first kernel, which holds the rendezvous.
+        address: the connection file (or ``tcp://`` address) another kernel joins with.
+        members: one ``Member`` per member, by rank: name, rank, host, pid, kind,
+            devices, alive (or how it died), calls and recent latency.
+        remote: whether the group is reachable from other hosts (``allow_remote``).
+    """
 
     me: str
     leader: str
