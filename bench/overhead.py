@@ -15,6 +15,9 @@ call (when Ray is installed; skipped with a message otherwise), large tensors to
 against the same to a Python function, ``share_memory_()`` tensors sent by handle, and
 ``--push x --fetch`` of 100 MB (``rpcnb.run(..., push=, fetch=True)``) against a memcpy.
 Targets are in ``TARGETS``; the JSON has every figure and whether each target was met.
+
+A bench module for ``bench.run`` / ``bench.report`` too (``SECTION``, ``measure``,
+``report``: see ``bench.curves``), so ``make bench`` runs it and docs/benchmarks.md shows it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1 << 20
+SECTION = "overhead"
 
 # (row, measured, against, at most this ratio)
 TARGETS = [
@@ -161,7 +165,7 @@ def _has_ray() -> bool:
     return True
 
 
-def measure(calls: int = 300, turns: int = 3) -> dict[str, Any]:
+def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
     runs: dict[str, list[dict[str, float]]] = {"torch": [], "rpcnb": [], "ray": []}
     ray = _has_ray()
     for _ in range(turns):
@@ -216,6 +220,33 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def measure(ctx: Any) -> dict[str, Any]:
+    calls, turns = (100, 1) if ctx.quick else (300, 3)
+    ctx.log(f"overhead: torch-only and rpcnb groups in turns, {calls} calls, {turns} turns")
+    return measure_turns(calls, turns)
+
+
+def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
+    from bench.report import Part, target
+
+    part = Part(title="What rpcnb costs plain torch RPC calls")
+    rows = [["call", "torch ms", "rpcnb ms", "ratio"]]
+    for r in section["rows"]:
+        if "ray_ms" in r:
+            rows.append([r["call"], "", f"{r['ray_ms']:.3f} (Ray)", ""])
+            continue
+        t = r["torch_ms"]
+        rows.append([r["call"], "" if t is None else f"{t:.3f}", f"{r['rpcnb_ms']:.3f}",
+                     "" if t is None else f"{r['rpcnb_ms'] / t:.2f}x"])
+    part.tables.append((f"medians of {section['turns']} turns of {section['calls']} calls, groups "
+                        "of two on one host started by torch's init_rpc and by rpcnb.init(1), "
+                        "TensorPipe uv on loopback (bench/overhead.py)", rows))
+    for t in section["targets"]:
+        part.targets.append(target(f"{t['row']} <= {t['limit']:g}x {t['against']}", t["ratio"],
+                                   t["limit"], t["met"], f"{t['ratio']:.2f}x"))
+    return part
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=300)
@@ -223,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    result = measure(args.calls, args.turns)
+    result = measure_turns(args.calls, args.turns)
     result["seconds"] = round(time.monotonic() - t0, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

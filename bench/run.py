@@ -50,7 +50,7 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "latest.json"
 
 # Bench modules that contribute a section, tables, curves and targets (bench.curves says
 # how); one not in this tree yet is skipped. --only names them by SECTION.
-MODULES = ["bench.curves", "bench.idle", "bench.startup", "bench.notebook_code"]
+MODULES = ["bench.curves", "bench.idle", "bench.startup", "bench.notebook_code", "bench.overhead"]
 
 
 @dataclass

@@ -24,7 +24,7 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     assert not data["errors"]
     results = data["results"]
     for key in ("roundtrip", "transfer", "fanout", "startup", "startup_cold_warm", "curves",
-                "idle", "notebook_code"):
+                "idle", "notebook_code", "overhead"):
         assert results.get(key), f"no {key} figures"
     sizes = results["curves"]["one_way"]["sizes"]
     for entry in sizes.values():  # every path measured at every size, every sample kept
@@ -37,6 +37,9 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     assert "tensorpipe" in data["table"] and "memcpy" in data["table"]
     assert any(t["target"].startswith("idle group") for t in data["targets"])
     assert any(t["target"].startswith("pasted batched RL") for t in data["targets"])
+    overhead = {r["call"]: r for r in results["overhead"]["rows"]}
+    assert overhead["rpc_sync python fn"]["torch_ms"] > 0 and overhead["rpc_sync python fn"]["rpcnb_ms"] > 0
+    assert any(t["target"].startswith("rpc_sync python fn <=") for t in data["targets"])
 
     # the docs' generated block and figures, from that JSON
     page = tmp_path / "docs" / "page.md"
