@@ -68,10 +68,10 @@ chromium:
 	  fi; \
 	fi
 
-# Debian's Open MPI for ipyparallel's MPI launcher (tests/test_cluster.py; mpi4py is in
-# the test extra), Slurm and munge for tests/test_slurm.py (which runs daemons of its own,
-# never the machine's), iproute2 (ip netns, ss) for tests/test_two_hosts.py and OpenSSH's
-# server for tests/test_ssh.py (which runs an sshd of its own in a test network namespace):
+# Debian's Open MPI for ipyparallel's MPI launcher (tests/kernel/test_cluster.py; mpi4py is in
+# the test extra), Slurm and munge for tests/net/test_slurm.py (which runs daemons of its own,
+# never the machine's), iproute2 (ip netns, ss) for tests/net/test_two_hosts.py and OpenSSH's
+# server for tests/net/test_ssh.py (which runs an sshd of its own in a test network namespace):
 # installed when missing if we are root with apt-get; otherwise those tests skip and say
 # why. The packages' services are not started (a policy-rc.d for the install, where the
 # machine has none) and sshd is not enabled at boot: nothing comes to listen on the network.
@@ -94,8 +94,23 @@ cluster-deps:
 	fi
 
 # pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
+# The tests live by kind: tests/unit (no processes), tests/kernel (real kernels, workers and
+# torch RPC over loopback), tests/browser (JupyterLab in Chromium), tests/net (root: network
+# namespaces, veth, tc netem, sshd, Slurm), tests/gpu (CUDA; they skip without it).
 test: $(STAMP) chromium cluster-deps
 	$(BIN)/python -m pytest -x -q tests
+
+# The quick loop while working (about 2 minutes here): every unit test, and the kernel
+# tests of the core flows (start, cells, RRefs, shutdown, teardown, the documented
+# commands, telemetry, the magics' errors, the probe). `make test` before pushing.
+QUICK_KERNEL := $(addprefix tests/kernel/,test_core.py test_teardown.py test_commands.py \
+	test_telemetry.py test_magic_usage.py test_probe.py)
+.PHONY: test-fast test-unit
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit $(QUICK_KERNEL)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 # ruff and mypy are not in the test extra; install them on demand. lint-imports checks the
 # layers contract in pyproject.toml (docs/architecture.md).
@@ -168,4 +183,4 @@ gpu-wheels:
 # 200,000 lines, 50 cycles: about 10 minutes here); figures in bench/results/soak.json.
 .PHONY: soak
 soak: $(STAMP)
-	RPCNB_SOAK=full $(BIN)/python -m pytest -q -m soak -p no:cacheprovider tests/test_soak.py
+	RPCNB_SOAK=full $(BIN)/python -m pytest -q -m soak -p no:cacheprovider tests/kernel/test_soak.py

@@ -7,7 +7,7 @@ rpcnb's default. Target: pasted within 1.2x of importable (rpcnb used to re-pick
 code for every message: 1.8-2.2x).
 
 A bench module for ``bench.run`` / ``bench.report`` (see ``bench.curves`` for the protocol).
-``tests/test_notebook_code_ships_once.py`` checks the same program's results and messages, untimed.
+``tests/kernel/test_notebook_code_ships_once.py`` checks the same program's results and messages, untimed.
 """
 
 from __future__ import annotations

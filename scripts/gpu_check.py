@@ -30,7 +30,7 @@ GPU_MARK = re.compile(r"pytest\.mark\.gpu\b")
 
 def gpu_test_files() -> list[str]:
     """The test files that hold ``gpu``-marked tests, relative to the project root."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("**/test_*.py")
                   if GPU_MARK.search(p.read_text(encoding="utf-8")))
 
 

@@ -5,7 +5,7 @@ that a repository browser renders and the documentation site publishes.
 notebook of ``notebooks/`` top to bottom in a fresh ``python3`` kernel (nbclient; that
 kernel runs this interpreter) and writes it, outputs included, to ``notebooks/executed/``.
 The copies are committed: run it again after changing a tutorial, and commit them with it
-(``tests/test_notebooks.py`` fails on a copy whose code differs from its source).
+(``tests/kernel/test_notebooks.py`` fails on a copy whose code differs from its source).
 
 To keep the copies small and their diffs readable, a copy keeps no per-cell timing and no
 widget state (a widget shows its text form), and the checkout's path in outputs reads

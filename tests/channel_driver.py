@@ -1,4 +1,4 @@
-"""Run by tests/test_channel_model.py in a fresh Python with TP_VERBOSE_LOGGING set (the
+"""Run by tests/kernel/test_channel_model.py in a fresh Python with TP_VERBOSE_LOGGING set (the
 level is read once per process): make calls between every pair of members, then write
 rpcnb's prediction and what TensorPipe's own log says it chose, as JSON.
 

@@ -4,6 +4,7 @@ also when the test fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -257,8 +258,8 @@ def test_address():
         subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
-# Network namespaces: a second "host" on this machine (tests/test_channel_model.py,
-# tests/test_two_hosts.py)
+# Network namespaces: a second "host" on this machine (tests/kernel/test_channel_model.py,
+# tests/net/test_two_hosts.py)
 
 
 def _netns_blocker() -> str | None:
@@ -310,3 +311,30 @@ def netns():
     tag = os.getpid() % 100000
     with veth_pair(f"rpcnb-t{tag}", f"rpv{tag}", f"10.213.{tag % 250}") as net:
         yield net
+
+
+# -- the channel driver (tests/kernel/test_channel_model.py, tests/gpu/test_gpu_channels.py)
+
+DRIVER = str(Path(__file__).parent / "channel_driver.py")
+PAIRS = {f"{a}->{b}" for a in ("worker0", "worker1", "worker2")
+         for b in ("worker0", "worker1", "worker2") if a != b}
+
+
+def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
+    proc = subprocess.Popen([sys.executable, DRIVER, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    seen: set[int] = set()
+    try:
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            seen.update(children_of(proc.pid))
+            raise
+        assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+        return json.loads(out.read_text())
+    finally:
+        seen.update(children_of(proc.pid))
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        kill_all(sorted(p for p in seen if pid_alive(p)))

@@ -1,5 +1,5 @@
 """Another user of the machine, trying what an attacker would against an rpcnb group
-(tests/test_isolation.py runs it as user `nobody`). Prints one JSON object: what it saw and
+(tests/net/test_isolation.py runs it as user `nobody`). Prints one JSON object: what it saw and
 what each attempt did.
 
 1. Lists every listening TCP socket in /proc/net/tcp and /proc/net/tcp6.

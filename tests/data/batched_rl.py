@@ -3,7 +3,7 @@ tiny ``select_action`` calls from observers on the other workers, through module
 helpers ``_call_method`` / ``_remote_method`` and RRefs. It runs as a script (``mp.spawn``,
 functions sent by reference), imported in a kernel, and pasted into a kernel (the part
 above the launcher marker, functions defined in cells: rpcnb ships them by value):
-tests/test_notebook_code_ships_once.py compares the results, bench/notebook_code.py the
+tests/kernel/test_notebook_code_ships_once.py compares the results, bench/notebook_code.py the
 times.
 
     python batched_rl.py OUT STEPS REPEATS

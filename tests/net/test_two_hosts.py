@@ -69,7 +69,7 @@ def test_members_on_two_hosts(kernel, netns, tmp_path):
     os.chmod(wrong, 0o600)
 
     env = dict(os.environ, TP_VERBOSE_LOGGING="7", TORCH_CPP_LOG_LEVEL="INFO",
-               PYTHONPATH=str(Path(__file__).parents[1]))
+               PYTHONPATH=str(Path(__file__).parents[2]))
     procs: list[subprocess.Popen] = []
     logs = {n: tmp_path / f"{n}.log" for n in ("worker2", "worker3", "outsider")}
     try:
@@ -197,7 +197,7 @@ def test_engines_on_the_other_host_attach(kernel, netns, tmp_path):
         deadline = time.monotonic() + 30
         while not engine_file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
         for i in range(2):
             with open(tmp_path / f"engine{i}.log", "wb") as f:
                 engines.append(subprocess.Popen(

@@ -14,7 +14,7 @@ from conftest import children_of, listening_addresses, worker_pids
 
 from rpcnb.session import rendezvous
 
-OUTSIDER = Path(__file__).parent / "outsider.py"
+OUTSIDER = Path(__file__).parents[1] / "outsider.py"
 
 
 def join_file(k) -> str:
@@ -80,7 +80,7 @@ def test_an_outsider_at_a_members_port_cannot_make_it_unpickle(group, tmp_path):
     # the route an outsider takes (tests/outsider.py): its own agent, told that a member
     # is at worker1's TensorPipe port, then plain torch RPC with a Python function. Without
     # the group's secret its pickle is not signed, so worker1 refuses it before unpickling.
-    # (As another user, and against an isolated kernel: tests/test_isolation.py.)
+    # (As another user, and against an isolated kernel: tests/net/test_isolation.py.)
     port = int(group.value("__import__('torch').distributed.rpc.api._get_current_rpc_agent()"
                            ".store.get('addrs/worker1').decode()").rsplit(":", 1)[1])
     marker = tmp_path / "ran"

@@ -34,7 +34,7 @@ def test_facts_report_the_gpus_and_peer_access():
 
 
 def test_cuda_prediction_matches_tensorpipe_log(tmp_path):
-    from test_channel_model import run_driver
+    from conftest import run_driver
 
     out = tmp_path / "result.json"
     result = run_driver(["cuda", str(out)], out)

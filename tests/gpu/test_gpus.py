@@ -85,13 +85,13 @@ def test_the_ucx_extra_is_the_one_built_for_this_torchs_cuda():
 
 def _extras() -> dict[str, list[str]]:
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
-    with open(Path(__file__).parent.parent / "pyproject.toml", "rb") as f:
+    with open(Path(__file__).parents[2] / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["optional-dependencies"]
 
 
 # -- on a GPU machine -------------------------------------------------------------------
 
-SEED = Path(__file__).parent / "data" / "cuda_rpc_recipe.txt"
+SEED = Path(__file__).parents[1] / "data" / "cuda_rpc_recipe.txt"
 
 
 def _gpus() -> int:
@@ -145,7 +145,7 @@ def test_cuda_tensors_go_device_to_device_between_workers(kernel):
 
 # -- make gpu-check, on a machine without a GPU ------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gpu_tests_pytest_collects() -> list[str]:

@@ -29,7 +29,7 @@ from rpcnb.sandbox import isolation
 from rpcnb.sandbox.netns import PIDFILE, find_holder
 from rpcnb.sandbox.provisioner import NAME as PROVISIONER
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/: the helpers beside conftest.py
 JUPYTER = Path(sys.executable).parent / "jupyter"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from conftest import Kernel, children_of, kill_all, pid_alive
 
-PROGRAMS = Path(__file__).parent / "programs"
+PROGRAMS = Path(__file__).parents[1] / "programs"
 MARKER = "# --- launcher (not pasted) ---"
 SCRIPT_TIMEOUT = 120  # seconds; a script takes about 15 here (4 processes import torch)
 CELL_TIMEOUT = 120

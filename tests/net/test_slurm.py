@@ -20,7 +20,7 @@ from conftest import worker_pids
 
 from rpcnb.procs.processes import kill_all, pid_alive
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
 
 

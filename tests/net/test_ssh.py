@@ -1,6 +1,6 @@
 """ipyparallel's SSH launcher, for real: an OpenSSH server of the test's own (its own
 configuration, host key and authorized key, generated in a tmp dir) in the second network
-namespace that tests/test_two_hosts.py uses, listening only on that namespace's veth
+namespace that tests/net/test_two_hosts.py uses, listening only on that namespace's veth
 address. ``%rpc_init --engines 2 --launcher ssh`` logs in there with ssh (and copies the
 engine's connection file with scp), the engines join the group across the veth, cells and
 RRefs work on them, and ``%rpc_shutdown`` stops them (ipyparallel signals them over ssh).

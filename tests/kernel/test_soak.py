@@ -33,7 +33,7 @@ COUNTS = {  # the issue's full counts, and the small ones make test runs
     "line_mb": 20 if FULL else 2,
     "cycles": 50 if FULL else 5,
 }
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "soak.json"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "soak.json"
 MB = 1 << 20
 
 # How much a unit of work may leave behind, at most (measured growth between the quarter

@@ -17,7 +17,7 @@ from conftest import children_of, listening_addresses, pid_alive, run_watched, w
 
 # The PyTorch CUDA RPC recipe (shared/seeds/000_00ff677fa0ebadd3.txt), kept with the tests
 # so they do not depend on where shared/ lies.
-SEED = Path(__file__).parent / "data" / "cuda_rpc_recipe.txt"
+SEED = Path(__file__).parents[1] / "data" / "cuda_rpc_recipe.txt"
 
 
 def torch_gpus() -> int:

@@ -1,7 +1,7 @@
 """The documentation site builds with Sphinx, warnings as errors, and has its key pages.
 
 Runs ``scripts/build_docs.py --no-execute`` (what ``make docs`` runs, with the committed
-executed tutorials of notebooks/executed/ and no kernel: tests/test_notebooks.py runs the
+executed tutorials of notebooks/executed/ and no kernel: tests/kernel/test_notebooks.py runs the
 notebooks) into a temporary directory, so the repository's docs/_build is left alone.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FIGURES = {"03_parameter_server": 1, "04_a3c": 1, "05_federated_averaging": 1,
            "06_pipeline": 1, "07_channels_and_device_maps": 1}  # as in test_notebooks.py
@@ -78,7 +78,7 @@ def test_every_notebook_is_a_tutorial_page(site: Path, path: Path) -> None:
 
 @pytest.mark.parametrize("stem", FIGURES, ids=list(FIGURES))
 def test_tutorial_pages_show_outputs_and_figures(site: Path, stem: str) -> None:
-    # the committed executed copy is published (a stale one fails tests/test_notebooks.py)
+    # the committed executed copy is published (a stale one fails tests/kernel/test_notebooks.py)
     html = _page(site, f"tutorials/{stem}.html")
     assert "rpcnb: left the group" in html, f"{stem}: the page shows no outputs"
     images = re.findall(r'<img[^>]+src="\.\./_images/[0-9a-f]+\.png"', html)

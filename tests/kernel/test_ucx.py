@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -319,7 +320,7 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
     token = tmp_path / "connection.json"
     kernel.execute(f"shutil.copy(_s.connection_path, {str(token)!r})")
     os.chmod(token, 0o600)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     env.pop(ucx.ENV, None)  # the flag alone asks for UCX
     log = tmp_path / "worker2.log"
     proc = None

@@ -9,34 +9,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import children_of, kill_all, pid_alive
-
-DRIVER = str(Path(__file__).parent / "channel_driver.py")
-PAIRS = {f"{a}->{b}" for a in ("worker0", "worker1", "worker2")
-         for b in ("worker0", "worker1", "worker2") if a != b}
-
-
-def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
-    proc = subprocess.Popen([sys.executable, DRIVER, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    seen: set[int] = set()
-    try:
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            seen.update(children_of(proc.pid))
-            raise
-        assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
-        return json.loads(out.read_text())
-    finally:
-        seen.update(children_of(proc.pid))
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+from conftest import DRIVER, PAIRS, run_driver
 
 
 def check(result: dict, pairs: set[str]) -> None:

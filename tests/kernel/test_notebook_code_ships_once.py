@@ -18,7 +18,7 @@ from pathlib import Path
 
 from conftest import run_watched
 
-PROGRAM = Path(__file__).parent / "data" / "batched_rl.py"
+PROGRAM = Path(__file__).parents[1] / "data" / "batched_rl.py"
 STEPS, REPEATS = 40, 2
 CALLS = 2 * (10 + STEPS * REPEATS)
 # counts the code objects rpcnb marshals and unmarshals in a process (rpcnb.wire.notebook's

@@ -22,7 +22,7 @@ import pytest
 from conftest import children_of, kill_all, pid_alive
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 EXECUTED_DIR = NOTEBOOK_DIR / "executed"

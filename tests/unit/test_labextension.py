@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-LABEXT = Path(__file__).resolve().parent.parent / "labextension"
+LABEXT = Path(__file__).resolve().parents[2] / "labextension"
 NOT_INSTALLED = ("labextension/node_modules is missing: run `make labextension` (make test "
                  "and make .venv do it) to install the extension's packages from yarn.lock.")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rpcnb"
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 MAX_LINES = 600
