@@ -113,12 +113,14 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 # ruff and mypy are not in the test extra; install them on demand. lint-imports checks the
-# layers contract in pyproject.toml (docs/architecture.md).
+# layers contract in pyproject.toml (docs/architecture.md); the panel's TypeScript goes
+# through eslint and prettier (labextension/.eslintrc.js, .prettierrc).
 lint: $(STAMP)
 	$(BIN)/pip install -q ruff mypy
 	$(BIN)/ruff check rpcnb scripts tests bench
 	$(BIN)/mypy rpcnb
 	$(BIN)/lint-imports
+	cd $(LABEXT) && PATH="$(abspath $(BIN)):$$PATH" jlpm lint:check
 
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache

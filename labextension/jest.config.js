@@ -4,5 +4,10 @@ module.exports = {
   testEnvironment: 'node',
   modulePathIgnorePatterns: ['<rootDir>/build/', '<rootDir>/lib/'],
   testRegex: 'src/__tests__/.*\\.spec\\.ts$',
-  transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: { types: ['jest'], esModuleInterop: true } }] }
+  transform: {
+    '^.+\\.ts$': [
+      'ts-jest',
+      { tsconfig: { types: ['jest'], esModuleInterop: true } }
+    ]
+  }
 };

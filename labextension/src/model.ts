@@ -90,13 +90,14 @@ export type Connection =
   | { state: 'live'; snapshot: ISnapshot };
 
 export const TEXT = {
-  noNotebook: 'No notebook has focus: the panel follows the notebook you work in.',
+  noNotebook:
+    'No notebook has focus: the panel follows the notebook you work in.',
   noKernel: 'This notebook has no running kernel.',
   connecting: 'Asking the kernel for its group...',
   notLoaded:
     'rpcnb is not loaded in this kernel: run %load_ext rpcnb in the notebook, then %rpc_init --workers 2.',
   newerProtocol:
-    'This kernel speaks a newer panel protocol than this extension: upgrade the rpcnb package in JupyterLab\'s environment.'
+    "This kernel speaks a newer panel protocol than this extension: upgrade the rpcnb package in JupyterLab's environment."
 };
 
 export interface IStatus {
@@ -112,7 +113,11 @@ export function statusOf(conn: Connection): IStatus {
   }
   const group = conn.snapshot.group;
   if (!group) {
-    return { text: 'RPC: no group', title: conn.snapshot.message, health: 'none' };
+    return {
+      text: 'RPC: no group',
+      title: conn.snapshot.message,
+      health: 'none'
+    };
   }
   const members = conn.snapshot.members;
   const alive = members.filter(m => m.alive).length;
@@ -163,7 +168,9 @@ export function memberCells(m: IMember): string[] {
     m.devices.length ? m.devices.join(', ') : 'cpu',
     m.alive ? 'alive' : m.how ? `dead (${m.how})` : 'dead',
     String(m.calls),
-    m.recent_ms === null || m.recent_ms === undefined ? '' : `${m.recent_ms.toFixed(2)} ms`
+    m.recent_ms === null || m.recent_ms === undefined
+      ? ''
+      : `${m.recent_ms.toFixed(2)} ms`
   ];
 }
 
@@ -224,7 +231,11 @@ export function rrefWhat(r: IRRef): string {
 }
 
 /** The points of a latency sparkline (an SVG polyline) for one peer's [t, ms] series. */
-export function sparkline(points: number[][], width: number, height: number): string {
+export function sparkline(
+  points: number[][],
+  width: number,
+  height: number
+): string {
   if (points.length === 0) {
     return '';
   }

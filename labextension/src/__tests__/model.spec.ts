@@ -14,31 +14,58 @@ import {
   TEXT
 } from '../model';
 
-function member(name: string, alive = true, extra: Partial<IMember> = {}): IMember {
+function member(
+  name: string,
+  alive = true,
+  extra: Partial<IMember> = {}
+): IMember {
   return {
-    name, rank: 0, host: 'box', pid: 100, kind: 'process', devices: [], alive,
-    how: alive ? '' : 'killed by SIGKILL', calls: 3, recent_ms: 0.5, me: false, ...extra
+    name,
+    rank: 0,
+    host: 'box',
+    pid: 100,
+    kind: 'process',
+    devices: [],
+    alive,
+    how: alive ? '' : 'killed by SIGKILL',
+    calls: 3,
+    recent_ms: 0.5,
+    me: false,
+    ...extra
   };
 }
 
 function live(members: IMember[]): Connection {
   const snapshot: ISnapshot = {
-    protocol: 1, time: 1000, message: '', members,
-    group: { me: 'worker0', leader: 'worker0', address: '127.0.0.1:1', join_line: 'j',
-             size: members.length, alive: members.filter(m => m.alive).length }
+    protocol: 1,
+    time: 1000,
+    message: '',
+    members,
+    group: {
+      me: 'worker0',
+      leader: 'worker0',
+      address: '127.0.0.1:1',
+      join_line: 'j',
+      size: members.length,
+      alive: members.filter(m => m.alive).length
+    }
   };
   return { state: 'live', snapshot };
 }
 
 describe('status item', () => {
   it('counts the living members of the group', () => {
-    const s = statusOf(live([member('worker0'), member('worker1'), member('worker2')]));
+    const s = statusOf(
+      live([member('worker0'), member('worker1'), member('worker2')])
+    );
     expect(s.text).toBe('RPC 3/3');
     expect(s.health).toBe('ok');
   });
 
   it('turns red and names the dead', () => {
-    const s = statusOf(live([member('worker0'), member('worker1', false), member('worker2')]));
+    const s = statusOf(
+      live([member('worker0'), member('worker1', false), member('worker2')])
+    );
     expect(s.text).toBe('RPC 2/3');
     expect(s.health).toBe('dead');
     expect(s.title).toContain('worker1 is dead');
@@ -47,7 +74,13 @@ describe('status item', () => {
   it('says when there is no group or no rpcnb', () => {
     const none: Connection = {
       state: 'live',
-      snapshot: { protocol: 1, time: 0, group: null, members: [], message: 'No group here.' }
+      snapshot: {
+        protocol: 1,
+        time: 0,
+        group: null,
+        members: [],
+        message: 'No group here.'
+      }
     };
     expect(statusOf(none).text).toBe('RPC: no group');
     expect(describeConn(none)).toBe('No group here.');
@@ -67,14 +100,18 @@ describe('status item', () => {
 
 describe('members table', () => {
   it('shows a dead member with how it died', () => {
-    const cells = memberCells(member('worker1', false, { devices: ['cuda:0'], me: false }));
+    const cells = memberCells(
+      member('worker1', false, { devices: ['cuda:0'], me: false })
+    );
     expect(cells[0]).toBe('worker1');
     expect(cells[5]).toBe('cuda:0');
     expect(cells[6]).toBe('dead (killed by SIGKILL)');
   });
 
   it('marks this kernel and a CPU-only member', () => {
-    const cells = memberCells(member('worker0', true, { me: true, recent_ms: null }));
+    const cells = memberCells(
+      member('worker0', true, { me: true, recent_ms: null })
+    );
     expect(cells[0]).toBe('worker0 (this kernel)');
     expect(cells[5]).toBe('cpu');
     expect(cells[6]).toBe('alive');
@@ -88,15 +125,40 @@ describe('formatting', () => {
     expect(bytes(64 * 1024 * 1024)).toBe('64.0 MB');
     expect(age(100, 130)).toBe('30 s');
     expect(age(100, 100 + 600)).toBe('10 min');
-    expect(rrefWhat({ key: 'k', names: ['t'], since: 0, owner: 'worker1', type: 'Tensor',
-                      shape: [2, 3], dtype: 'torch.float32', device: 'cpu', nbytes: 24 }))
-      .toBe('Tensor [2,3] torch.float32 cpu 24 B');
-    expect(rrefWhat({ key: 'k', names: [], since: 0, owner: 'worker1', error: 'worker1 is gone' }))
-      .toBe('worker1 is gone');
+    expect(
+      rrefWhat({
+        key: 'k',
+        names: ['t'],
+        since: 0,
+        owner: 'worker1',
+        type: 'Tensor',
+        shape: [2, 3],
+        dtype: 'torch.float32',
+        device: 'cpu',
+        nbytes: 24
+      })
+    ).toBe('Tensor [2,3] torch.float32 cpu 24 B');
+    expect(
+      rrefWhat({
+        key: 'k',
+        names: [],
+        since: 0,
+        owner: 'worker1',
+        error: 'worker1 is gone'
+      })
+    ).toBe('worker1 is gone');
   });
 
   it('draws a sparkline across the width, the highest point at the top', () => {
-    const pts = sparkline([[0, 1], [5, 2], [10, 4]], 100, 10).split(' ');
+    const pts = sparkline(
+      [
+        [0, 1],
+        [5, 2],
+        [10, 4]
+      ],
+      100,
+      10
+    ).split(' ');
     expect(pts).toEqual(['0.0,7.5', '50.0,5.0', '100.0,0.0']);
     expect(sparkline([], 100, 10)).toBe('');
   });
@@ -104,11 +166,19 @@ describe('formatting', () => {
 
 describe('channel matrix cell', () => {
   function cell(extra: Partial<ICell> = {}): ICell {
-    return { transport: 'uv', channel: 'cma', reason: 'uv: TCP; cma: same host', calls: 4,
-             p50_ms: 1.5, paths: {}, ucx: null, ...extra };
+    return {
+      transport: 'uv',
+      channel: 'cma',
+      reason: 'uv: TCP; cma: same host',
+      calls: 4,
+      p50_ms: 1.5,
+      paths: {},
+      ucx: null,
+      ...extra
+    };
   }
 
-  it('shows TensorPipe\'s path alone while no tensor took one of rpcnb\'s', () => {
+  it("shows TensorPipe's path alone while no tensor took one of rpcnb's", () => {
     const t = cellText(cell());
     expect(t.path).toBe('uv / cma');
     expect(t.ucx).toBe('');
@@ -117,11 +187,15 @@ describe('channel matrix cell', () => {
   });
 
   it('shows the UCX transport and the paths that carried tensors, as the monitor does', () => {
-    const t = cellText(cell({
-      ucx: 'ucx: cma',
-      paths: { 'ucx: cma': { tensors: 1, bytes: 4 << 20 },
-               rpcnb_shm: { tensors: 3, bytes: 3 << 20 } }
-    }));
+    const t = cellText(
+      cell({
+        ucx: 'ucx: cma',
+        paths: {
+          'ucx: cma': { tensors: 1, bytes: 4 << 20 },
+          rpcnb_shm: { tensors: 3, bytes: 3 << 20 }
+        }
+      })
+    );
     expect(t.path).toBe('uv / cma');
     expect(t.ucx).toBe('ucx: cma');
     expect(t.paths).toBe('ucx: cma ×1 · rpcnb_shm ×3');
@@ -130,8 +204,13 @@ describe('channel matrix cell', () => {
   });
 
   it('takes a kernel that sends neither paths nor ucx (an older rpcnb) and an unknown pair', () => {
-    const t = cellText({ transport: '?', channel: '?', reason: 'joined moments ago',
-                         calls: 0, p50_ms: null });
+    const t = cellText({
+      transport: '?',
+      channel: '?',
+      reason: 'joined moments ago',
+      calls: 0,
+      p50_ms: null
+    });
     expect(t.path).toBe('? / ?');
     expect(t.ucx).toBe('');
     expect(t.paths).toBe('');
