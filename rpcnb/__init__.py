@@ -72,7 +72,12 @@ def __getattr__(name: str) -> Any:
             launch.warm_up()  # the workers' launcher imports torch while this process does
         from rpcnb import api
 
-        return getattr(api, name)
+        found = getattr(api, name)
+        if name not in ("init", "add_workers"):
+            # kept: the next rpcnb.run is a plain attribute, not this function (it sits on
+            # every call). init and add_workers come here each time, to warm the launcher.
+            globals()[name] = found
+        return found
     if name == "attach":  # ipyparallel engines as members (rpcnb.integrations.ipyparallel)
         from rpcnb.procs import launch
 

@@ -19,6 +19,7 @@ installs both as soon as the user's code imports torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
@@ -115,6 +116,11 @@ def plain(obj: Any, depth: int = 0) -> bool:
             type(k) is str and plain(v, depth + 1) for k, v in obj.items())
     if cls is _UDF:
         return _by_name(obj.func) and plain(obj.args, depth + 1) and plain(obj.kwargs or {}, depth + 1)
+    if cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls):
+        # rpcnb's own messages (a remote cell's result): by reference to their class, as
+        # cloudpickle does; one that asks its tensors to be copied takes the full path
+        return not getattr(obj, "copy_tensors", False) and all(
+            plain(getattr(obj, f.name), depth + 1) for f in dataclasses.fields(obj))
     return False
 
 

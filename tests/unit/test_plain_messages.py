@@ -62,3 +62,27 @@ def test_a_plain_message_reads_back_the_same(message):
     back = _torch.rpc_pickler().deserialize(data, tensors)
     assert back.func is importable and back.args[:2] == (1, "x")
     assert torch.equal(back.args[2], torch.arange(4)) and back.kwargs == {"k": [1.0]}
+
+
+def test_rpcnb_dataclasses_are_plain_when_their_fields_are():
+    from rpcnb.cells.runner import CellResult
+
+    assert serialize.plain(CellResult("worker1", True, value=3.5, has_value=True))
+    assert not serialize.plain(CellResult("worker1", True, value=object(), has_value=True))
+    assert not serialize.plain(CellResult("worker1", True, copy_tensors=True))
+
+
+@pytest.mark.parametrize("source, plain", [
+    ("None", True), ("x = 1\ny = x * 2\n", True), ("def f():\n    return 1\n", True),
+    ("%time x", False), ("x?", False), ("files = !ls", False), ("  x = 1", False),
+    ("/f 1", False), (",f a b", False), (">>> 1 + 1", False), ("s = 'why?'", False),
+])
+def test_only_plain_python_skips_ipythons_transformers(source, plain):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from rpcnb.cells.runner import plain_python
+
+    assert plain_python(source) is plain
+    if plain:  # what skipping saves must be what IPython would have done: nothing
+        shell = InteractiveShell.instance()
+        assert shell.transform_cell(source).rstrip("\n") == source.rstrip("\n")
