@@ -45,6 +45,12 @@ BOUNDS = {
     "floods": {"rss": 4 * MB, "fds": 0.5, "threads": 0.5},  # per flood, beyond a plain print
     "cycles": {"rss": 8 * MB, "fds": 1.0, "threads": 0.5},  # per init/shutdown
 }
+# What a phase may grow by in all, beside its per-unit bound: a connection or pool file
+# opened lazily once in the second part (seen once in CI: the kernel +2 fds over 1,500
+# RRefs). A leak of one per unit is hundreds, far past it. Phases of few units (the
+# init/shutdown cycles) get none.
+SLACK = {"rss": 0, "fds": 4, "threads": 2}
+SLACK_FROM = 100  # units
 
 
 def footprint(pid: int) -> dict[str, int]:
@@ -71,11 +77,13 @@ def growth(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]], units: in
             for name in a if name != "shm"}
 
 
-def check(phase: str, per_unit: dict[str, dict[str, float]]) -> None:
+def check(phase: str, per_unit: dict[str, dict[str, float]], units: int) -> None:
     for member, grew in per_unit.items():
         for key, limit in BOUNDS[phase].items():
-            assert grew[key] <= limit, (
-                f"{phase}: {member} grew {grew[key]:.4g} {key} per unit (limit {limit:.4g})")
+            slack = SLACK[key] if units >= SLACK_FROM else 0
+            assert grew[key] * units <= limit * units + slack, (
+                f"{phase}: {member} grew {grew[key]:.4g} {key} per unit over {units} units "
+                f"(limit {limit:.4g} per unit + {slack})")
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +122,7 @@ def phase(k: Kernel, figures: dict, name: str, run: str, total: int) -> None:
     per_unit = growth(mid, end, total - quarter)
     figures[name] = {"units": total, "seconds": round(time.monotonic() - t0, 1),
                      "middle": mid, "end": end, "growth_per_unit": per_unit}
-    check(name, per_unit)
+    check(name, per_unit, total - quarter)
     assert end["shm"]["files"] == 0, f"{name}: /dev/shm holds {end['shm']} after idling"
     assert k.execute("%%remote --all --fetch\n6 * 7").text == "{'worker1': 42, 'worker2': 42}"
 
@@ -191,6 +199,6 @@ def test_init_shutdown_cycles(soaked):
     per_unit = growth(kernel_only["middle"], kernel_only["end"], COUNTS["cycles"] - quarter)
     figures["cycles"] = {"units": COUNTS["cycles"], "seconds": round(time.monotonic() - t0, 1),
                          **kernel_only, "growth_per_unit": per_unit}
-    check("cycles", per_unit)
+    check("cycles", per_unit, COUNTS["cycles"] - quarter)
     assert k.execute("%%remote --all --fetch\n6 * 7").text == "{'worker1': 42, 'worker2': 42}"
     assert len(os.listdir("/dev/shm")) < 1000
