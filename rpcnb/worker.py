@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from rpcnb import errors
-from rpcnb.cells import output
+from rpcnb.cells import comms, output
 from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
 from rpcnb.membership import handlers, leave, start
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None, secret: str | None = None) -> None:
     runner = CellRunner(args.name, ns, shell)
     runner.on_main = True  # it will own the main thread (and says "process" from now on)
     output.install_routing(shell)
+    comms.install_worker()  # widgets made here are relayed to the notebook
     if secret is None:
         secret = sys.stdin.readline().strip()  # a leader wrote it into our stdin pipe
     s = start.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
@@ -218,6 +219,7 @@ def headless(argv: list[str]) -> None:
     runner.on_main = True
     runner.kind_name = "headless"
     output.install_routing(shell)
+    comms.install_worker()  # widgets made here are relayed to the notebook
     try:
         s = start.join_member(args.join, name, opts, runner, token=secret,
                               interface=args.interface)

@@ -36,6 +36,8 @@ class Output:
     stderr: str = ""
     results: list[dict[str, Any]] = field(default_factory=list)  # execute_result data
     displays: list[dict[str, Any]] = field(default_factory=list)  # display_data messages
+    comms: list[dict[str, Any]] = field(default_factory=list)  # comm_open/msg/close messages
+    messages: int = 0  # iopub messages of the cell, status ones aside
     error: dict[str, Any] | None = None
     events: list[tuple[float, str, Any]] = field(default_factory=list)
     started: float = 0.0
@@ -107,6 +109,8 @@ class Kernel:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             now = time.monotonic()
+            if kind != "status":
+                out.messages += 1
             if kind == "stream":
                 setattr(out, content["name"], getattr(out, content["name"]) + content["text"])
                 out.events.append((now, content["name"], content["text"]))
@@ -115,6 +119,9 @@ class Kernel:
                 out.events.append((now, kind, content["data"]))
             elif kind in ("display_data", "update_display_data"):
                 out.displays.append(content)
+                out.events.append((now, kind, content))
+            elif kind in ("comm_open", "comm_msg", "comm_close"):
+                out.comms.append(msg)
                 out.events.append((now, kind, content))
             elif kind == "error":
                 out.error = content

@@ -49,7 +49,7 @@ class Call:
 
 def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         push: dict[str, Any] | None = None, timeout: float | None = None,
-        zero_copy: bool = True) -> Any:
+        zero_copy: bool = True, local: bool = False) -> Any:
     """Run ``source`` on the target worker(s) as a cell and wait for it.
 
     Output streams into this process's stdout/stderr/display while the cell runs. An
@@ -67,11 +67,14 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         zero_copy: False: tensors already in shared memory among ``push`` (and, with
             ``fetch``, in the value) are copied instead of shared by handle
             (``rpcnb.paths.zerocopy``).
+        local: also run the cell here, in this process's namespace (the notebook's), while
+            the workers run it (``%%remote --local``, as ipyparallel's ``%%px --local``);
+            its result is under ``"local"``. Its output is printed as a local cell's.
 
     Returns:
         An RRef to the last expression's value (None if there is none), the value itself
         with ``fetch=True``, or ``{name: result}`` when several workers (or ``ALL``) are
-        named (None when no worker had a value).
+        named or ``local`` is set (None when no one had a value).
 
     Raises:
         rpcnb.RemoteError: the code raised on the worker (``.worker`` names it, ``.traceback``
@@ -93,10 +96,36 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         print(errors.QUEUED_BEHIND.format(workers="; ".join(busy)), file=sys.stderr)
     sent = send(s, names, source, fetch, push, zero_copy)
     try:
-        wait(s, sent, timeout, prefix=many)
+        if local:
+            try:
+                sent.local = run_here(source)
+            except KeyboardInterrupt:
+                sent.interrupt(s)
+                raise
+        wait(s, sent, timeout, prefix=many or local)
     finally:
         sent.forget(s)
-    return sent.outcome(many)
+    return sent.outcome(many or local)
+
+
+LOCAL = "local"  # the name of the notebook's own result with ``local=True``
+
+
+def run_here(source: str) -> tuple[Any, BaseException | None]:
+    """Run ``source`` in this process's user namespace (the notebook's, else __main__'s):
+    its value (None without one) and its error, as a RemoteError naming ``local``."""
+    import __main__
+    from rpcnb.cells import output, runner
+
+    sh = output.shell()
+    ns = sh.user_ns if sh is not None else vars(__main__)
+    filename = "<local cell>"
+    try:
+        value, _ = runner.run_source(source, filename, ns, sh)
+        return value, None
+    except Exception as exc:
+        return None, RemoteError(LOCAL, type(exc).__name__, runner.safe_str(exc),
+                                 runner.format_exception(exc, filename))
 
 
 def prepare(s: Session, target: str | Iterable[str] | None, source: str,
@@ -133,6 +162,7 @@ class Sent:
     late: list[str] = field(default_factory=list)  # still running when the wait gave up
     transfers: progress.Transfers = field(default_factory=progress.Transfers)
     interrupted: bool = False
+    local: tuple[Any, BaseException | None] | None = None  # run here too: (value, error)
 
     def forget(self, s: Session) -> None:
         """Stop routing output to these calls, and keep their timings."""
@@ -160,6 +190,8 @@ class Sent:
     def outcome(self, many: bool) -> Any:
         """The result (see ``run``), or the error to raise."""
         failures = {c.worker: c.error for c in self.calls.values() if c.error is not None}
+        if self.local is not None and self.local[1] is not None:
+            failures[LOCAL] = self.local[1]
         if failures:
             remote = {w: e for w, e in failures.items() if isinstance(e, RemoteError)}
             other = [e for e in failures.values() if not isinstance(e, RemoteError)]
@@ -169,6 +201,8 @@ class Sent:
                 raise next(iter(remote.values()))
             raise errors.CompositeRemoteError(remote)
         results = {c.worker: c.result for c in self.calls.values()}
+        if self.local is not None:
+            results[LOCAL] = self.local[0]
         if many:
             # statements only (no value anywhere): show nothing, as a single cell would
             return results if any(r is not None for r in results.values()) else None

@@ -5,9 +5,14 @@ Where the cell runs, ``sys.stdout``, ``sys.stderr`` and IPython's display publis
 wrapped (``install_routing``) so that a write goes to the ``Capture`` of the cell this
 thread runs, else (in a worker process) to the cell the process runs, else to the
 process's background capture, else where it would have gone. Text is coalesced and sent
-every ``FLUSH_INTERVAL``; ``display()`` and ``clear_output()`` are sent at once. Where
-the cell was asked for, ``Printer`` writes each batch into the cell, prefixing lines with
-the worker's name when several workers run.
+every ``FLUSH_INTERVAL``; ``display()`` and ``clear_output()`` are sent at once. A line
+rewritten with carriage returns (a progress bar) is sent as what a terminal would show
+(``squash``): a 4 s tqdm bar is a few dozen batches, not thousands of writes.
+
+Where the cell was asked for, ``Printer`` writes each batch into the cell. With several
+workers each line is prefixed with its worker's name, and a line being rewritten (a
+progress bar) gets a region of its own per worker in a notebook, updated in place, so two
+workers' bars show as two moving lines.
 """
 
 from __future__ import annotations
@@ -20,7 +25,33 @@ from typing import Any
 from rpcnb import machine
 from rpcnb.session import protocol, state
 
-FLUSH_INTERVAL = 0.05  # seconds between output batches while a cell runs
+FLUSH_INTERVAL = 0.1  # seconds between output batches while a cell runs
+
+
+def squash(text: str, final: bool = True) -> str:
+    """``text`` as a terminal would show it, line by line: a line rewritten with carriage
+    returns keeps only its last version (after a ``\r`` that stays, so that where it is
+    shown it still overwrites what the line held). ``\r\n`` ends a line like ``\n``.
+    ``final``: the text's last part is an unfinished line (its trailing ``\r`` stays)."""
+    if "\r" not in text:
+        return text
+    parts = text.split("\n")
+    for i, part in enumerate(parts):
+        if "\r" not in part:
+            continue
+        last = final and i == len(parts) - 1
+        core = part.rstrip("\r")
+        cr = core.rfind("\r")
+        if cr >= 0:
+            core = "\r" + core[cr + 1:]
+        parts[i] = core + ("\r" if last and part.endswith("\r") else "")
+    return "\n".join(parts)
+
+
+def visible(line: str) -> str:
+    """What a terminal shows of one line (no ``\n``): the part after its last ``\r``."""
+    core = line.rstrip("\r")
+    return core[core.rfind("\r") + 1:]
 
 
 class Capture:
@@ -43,9 +74,15 @@ class Capture:
             return
         with self._lock:
             if self._items and self._items[-1][0] == stream:
-                self._items[-1] = (stream, self._items[-1][1] + text)
+                before = self._items[-1][1]
+                if "\r" in text:  # a line rewritten: keep its last version only
+                    cut = before.rfind("\n") + 1
+                    joined = before[:cut] + squash(before[cut:] + text)
+                else:
+                    joined = before + text
+                self._items[-1] = (stream, joined)
             else:
-                self._items.append((stream, text))
+                self._items.append((stream, squash(text) if "\r" in text else text))
 
     def display(self, kind: str, payload: dict[str, Any]) -> None:
         with self._lock:
@@ -100,6 +137,14 @@ class _Router:
         self.before: set[threading.Thread] = set()  # threads that existed when it began
         self.background: Capture | None = None  # in a worker process: outside any cell
         self.installed = False
+
+    def widget_outputs(self) -> list[Any]:
+        """The ``ipywidgets.Output`` widgets this thread is inside (``with out:``), innermost
+        last: what it prints and displays goes into the innermost (rpcnb.cells.comms)."""
+        stack = getattr(self.local, "widget_outputs", None)
+        if stack is None:
+            stack = self.local.widget_outputs = []
+        return stack
 
     def current(self) -> Capture | None:
         cap = getattr(self.local, "capture", None)
@@ -170,6 +215,10 @@ class RoutingStream:
         self._open: tuple[int, float] | None = None  # (thread, when) of an unfinished line
 
     def write(self, text: str) -> int:
+        widgets = getattr(router.local, "widget_outputs", None)
+        if widgets:  # inside `with output_widget:` on a worker
+            _append_to_widget(widgets[-1], self._name, text)
+            return len(text)
         cap = router.current()
         if cap is None:
             return self._write_here(text)
@@ -210,6 +259,16 @@ class RoutingStream:
         return getattr(self._original, attr)
 
 
+def _append_to_widget(widget: Any, name: str, text: str) -> None:
+    """``text`` at the end of an ``ipywidgets.Output``'s outputs, joined to its last
+    stream output of the same name (``print`` writes in several pieces)."""
+    outs = widget.outputs
+    if outs and outs[-1].get("output_type") == "stream" and outs[-1].get("name") == name:
+        widget.outputs = outs[:-1] + ({**outs[-1], "text": outs[-1]["text"] + text},)
+    else:
+        widget.outputs = outs + ({"output_type": "stream", "name": name, "text": text},)
+
+
 class RoutingDisplayPublisher:
     """Wraps IPython's display publisher so ``display()`` in a remote cell reaches the caller."""
 
@@ -218,6 +277,11 @@ class RoutingDisplayPublisher:
 
     def publish(self, data: Any, metadata: Any = None, source: Any = None, *,
                 transient: Any = None, update: bool = False, **kwargs: Any) -> None:
+        widgets = getattr(router.local, "widget_outputs", None)
+        if widgets:  # inside `with output_widget:` on a worker
+            widgets[-1].outputs += ({"output_type": "display_data", "data": data,
+                                     "metadata": metadata or {}},)
+            return
         cap = router.current()
         if cap is None or cap is router.background:
             self._original.publish(data, metadata=metadata, transient=transient,
@@ -227,6 +291,10 @@ class RoutingDisplayPublisher:
                                 "transient": transient or {}, "update": update})
 
     def clear_output(self, wait: bool = False) -> None:
+        widgets = getattr(router.local, "widget_outputs", None)
+        if widgets:
+            widgets[-1].outputs = ()
+            return
         cap = router.current()
         if cap is None or cap is router.background:
             self._original.clear_output(wait)
@@ -318,6 +386,21 @@ def shell() -> Any:
     return get_ipython()
 
 
+_comm_relay: Any = None  # rpcnb.cells.comms.relay, once that module is loaded
+
+
+def set_comm_relay(relay: Any) -> None:
+    """Who takes a worker's comm messages in the member that shows its output."""
+    global _comm_relay
+    _comm_relay = relay
+
+
+def _in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (displays can be updated in place)."""
+    sh = shell()
+    return sh is not None and getattr(sh, "kernel", None) is not None
+
+
 def write_lines(name: str, text: str) -> None:
     """Another member's output into this process's ``name`` stream, between its lines."""
     out = sys.stdout if name == "stdout" else sys.stderr
@@ -325,11 +408,19 @@ def write_lines(name: str, text: str) -> None:
 
 
 class Printer:
-    """Writes worker output into this process's cell, prefixed per line when several run."""
+    """Writes worker output into this process's cell, prefixed per line when several run.
+
+    With ``prefix``, a line still being written when its batch arrives is held until it
+    ends, except a line rewritten with carriage returns (a progress bar): in a notebook it
+    gets a region of its own per worker and stream (a display updated in place, marked with
+    the worker's name), which keeps the line once it ends; elsewhere only ended lines are
+    written."""
 
     def __init__(self, prefix: bool) -> None:
         self.prefix = prefix
         self.partial: dict[tuple[str, str], str] = {}
+        self.live: dict[tuple[str, str], Any] = {}  # the region of a line being rewritten
+        self.regions = prefix and _in_kernel()
         self.wrote = False
         self.large = False  # a large batch went through: give memory back at the end
         self.on_progress: Any = None  # called with a "progress" item's payload
@@ -343,10 +434,39 @@ class Printer:
         buf = self.partial.get(key, "") + text
         *lines, rest = buf.split("\n")
         self.partial[key] = rest
+        if lines and key in self.live:  # the rewritten line ended: its region keeps it
+            self._show(key, visible(lines.pop(0)))
+            del self.live[key]
         if lines:
-            write_lines(name, "".join(f"[{worker}] {line}\n" for line in lines))
+            write_lines(name, "".join(f"[{worker}] {visible(line)}\n" for line in lines))
+        if rest and self.regions and (key in self.live or "\r" in rest):
+            self._show(key, visible(rest))
 
-    def display(self, kind: str, payload: dict[str, Any]) -> None:
+    def _show(self, key: tuple[str, str], line: str) -> None:
+        """The region of ``key``'s line being rewritten shows ``line`` (made at its first)."""
+        from IPython.display import display
+
+        body = {"text/plain": f"[{key[0]}] {line}"}
+        handle = self.live.get(key)
+        if handle is None:
+            self._flush_streams()  # what was written before the line stays above it
+            self.live[key] = display(body, raw=True, display_id=True)
+        else:
+            handle.update(body, raw=True)
+
+    @staticmethod
+    def _flush_streams() -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+    def display(self, kind: str, payload: dict[str, Any], worker: str = "") -> None:
+        if kind == "comm":  # a worker's widget talks to the front end (rpcnb.cells.comms)
+            if _comm_relay is not None:
+                _comm_relay(worker, payload)
+            return
         if kind == "progress":  # a transfer's stages (rpcnb.progress.Transfers)
             if self.on_progress is not None:
                 self.on_progress(payload)
@@ -373,14 +493,18 @@ class Printer:
             if kind in ("stdout", "stderr"):
                 self.stream(worker, kind, payload)
             else:
-                self.display(kind, payload)
+                self.display(kind, payload, worker)
 
     def finish(self) -> None:
         for (worker, name), rest in self.partial.items():
-            if rest:
-                write_lines(name, f"[{worker}] {rest}\n")
+            if (worker, name) in self.live:
+                if visible(rest):
+                    self._show((worker, name), visible(rest))
+            elif rest:
+                write_lines(name, f"[{worker}] {visible(rest)}\n")
                 self.wrote = True
         self.partial.clear()
+        self.live.clear()
         if not self.wrote:
             # ipykernel gives every thread that flushes a socket of its own (closed 10 s
             # after the thread ends): many short threads calling rpcnb.run would pile them up

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnb import errors, progress
+from rpcnb.cells import comms
 from rpcnb.cells.output import Capture, router
 from rpcnb.paths import shm, ucx
 from rpcnb.session import protocol, state
@@ -151,8 +152,11 @@ class CellRunner:
                 with self._lock:
                     self._current = None
         except BaseException as exc:  # KeyboardInterrupt included: the worker lives on
-            result = CellResult(self.name, False, ename=type(exc).__name__, evalue=safe_str(exc),
-                                traceback=format_exception(exc, job.filename))
+            missing = comms.hint(exc, self.name)  # a widget library not installed here
+            more = f"\n{missing}" if missing else ""
+            result = CellResult(self.name, False, ename=type(exc).__name__,
+                                evalue=safe_str(exc) + more,
+                                traceback=format_exception(exc, job.filename) + more)
         finally:
             router.leave(process_wide=self.on_main)
         result.duration = time.perf_counter() - t0

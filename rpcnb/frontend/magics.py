@@ -27,6 +27,8 @@ from rpcnb.wire import options
 __all__ = ["RpcMagics", "parse_init_line", "parse_remote_line"]
 
 PUSH_MISSING = "--push: there is no variable {name!r} in this notebook to send."
+BG_LOCAL = ("--local runs the cell in the notebook too, which cannot go to the background: "
+            "drop --bg, or run the cell here in a cell of its own.")
 BG_STARTED = (
     "rpcnb: background cell [{id}] on {workers} started; its output comes here. "
     "{name}.result() when it ends, {name}.cancel() to stop it, %rpc_jobs lists them."
@@ -152,9 +154,14 @@ class RpcMagics(Magics):
                 raise UsageError(PUSH_MISSING.format(name=name))
             push[name] = user_ns[name]
         target = state.ALL if args.all else args.target
-        run = api.run_bg if args.bg else api.run
-        result = run(target, code, fetch=args.fetch, push=push, timeout=args.timeout,
-                     zero_copy=not args.copy)
+        if args.bg and args.local:
+            raise UsageError(BG_LOCAL)
+        if args.bg:
+            result = api.run_bg(target, code, fetch=args.fetch, push=push, timeout=args.timeout,
+                                zero_copy=not args.copy)
+        else:
+            result = api.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout,
+                             zero_copy=not args.copy, local=args.local)
         if args.output:
             user_ns[args.output] = result
             if args.bg:

@@ -113,6 +113,8 @@ remote_flags = _stack([
     argument("--copy", action="store_true",
              help="copy tensors already in shared memory (--push, --fetch) instead of "
                   "sharing their pages with the receiver"),
+    argument("--local", action="store_true",
+             help="also run the cell here, in the notebook (its result is under 'local')"),
 ])
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from rpcnb.cells import comms
 from rpcnb.membership import leave
 from rpcnb.paths import shm
 from rpcnb.procs import processes
@@ -94,6 +95,7 @@ def _silent(s: Session, names: list[str], pings: dict[str, tuple[float, Any]],
 def declare(s: Session, name: str, how: str) -> None:
     """``name`` died (``how``): see the module's docstring."""
     s.mark_dead(name, how)
+    comms.worker_died(name)  # its widgets close in the front end
     with s.lock:
         pid = s.members[name].pid if name in s.members else None
     if pid:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rpcnb import telemetry
-from rpcnb.cells import call, output
+from rpcnb.cells import call, comms, output
 from rpcnb.cells.runner import Job
 from rpcnb.membership import leave, start
 from rpcnb.observe import channels, doctor, values
@@ -55,10 +55,15 @@ def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[
     worker process outside any cell: shown wherever this process is)."""
     if call_id is None:
         printer = output.Printer(prefix=True)
-        printer.items(worker, [(k, p) for k, p in items if k in ("stdout", "stderr")])
+        printer.items(worker, [(k, p) for k, p in items if k in ("stdout", "stderr", comms.KIND)])
         printer.finish()
         return
     call.deliver(s, call_id, worker, seq, items)
+
+
+def comm(s: Session, comm_id: str, kind: str, msg: dict[str, Any]) -> bool:
+    """The front end said something to a widget made here (``rpcnb.cells.comms``)."""
+    return comms.incoming(comm_id, kind, msg)
 
 
 def unpark(s: Session, key: str) -> Any:
@@ -156,6 +161,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "run_cell": run_cell,
     "interrupt": interrupt,
     "deliver": deliver,
+    "comm": comm,
     "unpark": unpark,
     "register": register,
     "registry": registry,
