@@ -103,3 +103,17 @@ def test_a_missing_widget_library_says_what_to_install(group):
     assert "ipywidgets is not installed on worker1" in out.traceback, out.traceback
     assert "pip install ipywidgets" in out.traceback
     assert group.execute("%%remote worker1 --fetch\n1 + 1").text == "2"
+
+
+def test_an_anywidget_made_on_a_worker(group):
+    out = group.execute(
+        "%%remote worker1\nimport anywidget, traitlets\n"
+        "class Counter(anywidget.AnyWidget):\n"
+        "    _esm = 'export default { render({ model, el }) { el.textContent = model.get(\"count\"); } }'\n"
+        "    count = traitlets.Int(4).tag(sync=True)\n"
+        "c = Counter()\ndisplay(c)")
+    (widget,) = opened(out, "AnyModel")
+    state = widget["content"]["data"]["state"]
+    assert state["count"] == 4 and "export default" in state["_esm"]
+    front_end_sets(group, widget["content"]["comm_id"], count=11)
+    assert group.execute("%%remote worker1 --fetch\nc.count").text == "11"
