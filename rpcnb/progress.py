@@ -41,6 +41,21 @@ def _terminal() -> bool:
         return False
 
 
+def tqdm(**kwargs: Any) -> Any:
+    """A progress bar from ``tqdm.auto``: a widget in a notebook, text on stderr elsewhere;
+    text too in a notebook without ipywidgets (tqdm would refuse there)."""
+    from tqdm import std
+
+    cls = std.tqdm
+    if _notebook():
+        try:
+            import ipywidgets  # noqa: F401
+            from tqdm.auto import tqdm as cls  # type: ignore[no-redef]
+        except ImportError:
+            pass
+    return cls(**kwargs)
+
+
 class _Text:
     """A plain-text display object (shown as is in a notebook)."""
 

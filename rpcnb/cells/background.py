@@ -250,20 +250,17 @@ class JobTable:
 
 
 class _Progress:
-    """wait_interactive's display: workers done and seconds so far, in place."""
+    """wait_interactive's bar (tqdm.auto): workers done, seconds so far, the cell's status."""
 
     def __init__(self, job: BackgroundCell) -> None:
         self.job = job
-        self.line = progress.Line(self.text())
-
-    def text(self) -> str:
-        j = self.job
-        done = len(j.workers) - len(j.pending_workers())
-        return (f"[{j.id}] {progress.bar(done, len(j.workers))} {done}/{len(j.workers)} "
-                f"workers done, {j.elapsed:.1f} s, {j.status}")
+        self.bar = progress.tqdm(total=len(job.workers), desc=f"[{job.id}] workers done",
+                                 unit="worker", leave=True)
 
     def update(self, final: bool = False) -> None:
+        j = self.job
+        self.bar.n = len(j.workers) - len(j.pending_workers())
+        self.bar.set_postfix_str(j.status, refresh=False)
+        self.bar.refresh()
         if final:
-            self.line.close(self.text())
-        else:
-            self.line.update(self.text())
+            self.bar.close()

@@ -11,12 +11,11 @@ its size back) of ``rpcnb.membership.handlers``.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import telemetry, text
+from rpcnb import progress, telemetry, text
 from rpcnb.observe import channels
 from rpcnb.paths import shm
 from rpcnb.session import protocol, roster, state
@@ -113,41 +112,20 @@ class ProbeResults:
 
 
 class _Progress:
-    """A progress bar in a notebook (ipywidgets), a line on stderr elsewhere."""
+    """The probe's bar (tqdm.auto: a widget in a notebook, a line on stderr elsewhere)."""
 
     def __init__(self, total: int, show: bool) -> None:
-        self.total, self.done, self.bar, self.show = total, 0, None, show
-        if not show:
-            return
-        try:
-            from IPython import get_ipython
-
-            shell = get_ipython()
-            if shell is not None and getattr(shell, "kernel", None) is not None:
-                import ipywidgets
-                from IPython.display import display
-
-                self.bar = ipywidgets.IntProgress(value=0, min=0, max=total,
-                                                  description="probe", bar_style="info")
-                display(self.bar)
-        except ImportError:
-            self.bar = None
+        self.bar = progress.tqdm(total=total, desc="probe", unit="step") if show else None
 
     def step(self, text: str) -> None:
-        self.done += 1
         if self.bar is not None:
-            self.bar.value = self.done
-            self.bar.description = text[:20]
-        elif self.show:
-            sys.stderr.write(f"\rprobe {self.done}/{self.total} {text:<24}")
-            sys.stderr.flush()
+            self.bar.set_postfix_str(text[:24], refresh=False)
+            self.bar.update(1)
 
     def close(self, ok: bool) -> None:
         if self.bar is not None:
-            self.bar.bar_style = "success" if ok else "danger"
-            self.bar.description = "probe done" if ok else "probe stopped"
-        elif self.show:
-            sys.stderr.write("\n")
+            self.bar.set_description_str("probe done" if ok else "probe stopped", refresh=False)
+            self.bar.close()
 
 
 def _median_round_trip(call: Any, repeats: int) -> float:

@@ -87,8 +87,18 @@ def test_cancel_stops_a_running_cell_and_drops_a_queued_one(group):
 def test_wait_interactive_shows_progress_then_gives_the_result(group):
     group.execute("%%remote worker1,worker2 --bg -o h\nimport time\ntime.sleep(1.5)\n3")
     out = group.execute("r = h.wait_interactive(interval=0.2)\nsorted(r)")
-    text = shown(out)
-    assert "0/2 workers done" in text and "2/2 workers done" in text, text
+    # a tqdm.auto bar: in a notebook a widget, whose model counts the workers done
+    bars = [m for m in out.comms if m["msg_type"] == "comm_open"
+            and m["content"]["data"]["state"].get("_model_name") in ("FloatProgressModel",
+                                                                      "IntProgressModel")]
+    assert len(bars) == 1 and bars[0]["content"]["data"]["state"]["max"] == 2, out.comms
+    values = [m["content"]["data"]["state"]["value"] for m in out.comms
+              if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] ==
+              bars[0]["content"]["comm_id"] and "value" in m["content"]["data"]["state"]]
+    assert values and values[-1] == 2, values
+    labels = " ".join(str(m["content"]["data"]["state"].get("value", "")) for m in out.comms
+                      if m["msg_type"] in ("comm_open", "comm_msg"))
+    assert "workers done" in labels and "2/2" in labels, labels
     assert out.text == "['worker1', 'worker2']"
 
 
