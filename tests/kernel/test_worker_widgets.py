@@ -117,3 +117,15 @@ def test_an_anywidget_made_on_a_worker(group):
     assert state["count"] == 4 and "export default" in state["_esm"]
     front_end_sets(group, widget["content"]["comm_id"], count=11)
     assert group.execute("%%remote worker1 --fetch\nc.count").text == "11"
+
+
+def test_shutdown_closes_the_workers_widgets(group):
+    out = group.execute("%%remote worker1\nimport ipywidgets as w\nt = w.Text('x')\ndisplay(t)")
+    (box,) = opened(out, "TextModel")
+    down = group.execute("%rpc_shutdown")
+    closed = [m["content"]["comm_id"] for m in down.comms if m["msg_type"] == "comm_close"]
+    assert box["content"]["comm_id"] in closed, down.comms
+    # a message the page sends it afterwards is dropped, with one warning, and no hang
+    front_end_sets(group, box["content"]["comm_id"], value="y")
+    front_end_sets(group, box["content"]["comm_id"], value="z")
+    assert group.execute("1 + 1").text == "2"
