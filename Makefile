@@ -29,7 +29,7 @@ LABEXT_BUILT := $(LABEXT)/build/package.json
 $(STAMP): pyproject.toml $(wildcard kernelspec/*) $(LABEXT_SRC)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --retries 1 torch==2.13.0 --index-url $(TORCH_INDEX)
-	$(BIN)/pip install 'jupyterlab>=4.6,<5' 'hatchling>=1.21' 'hatch-jupyter-builder>=0.9' editables
+	$(BIN)/pip install 'jupyterlab>=4.6,<5' 'hatchling>=1.27' 'hatch-jupyter-builder>=0.9' editables
 	$(MAKE) labextension
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --no-build-isolation -e '.[test]'
 	touch $@
@@ -96,7 +96,8 @@ cluster-deps:
 # pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
 # The tests live by kind: tests/unit (no processes), tests/kernel (real kernels, workers and
 # torch RPC over loopback), tests/browser (JupyterLab in Chromium), tests/net (root: network
-# namespaces, veth, tc netem, sshd, Slurm), tests/gpu (CUDA; they skip without it).
+# namespaces, veth, tc netem, sshd, Slurm), tests/gpu (CUDA; they skip without it),
+# tests/packaging (the wheel built without Node.js; the README's Install in a fresh venv).
 test: $(STAMP) chromium cluster-deps
 	$(BIN)/python -m pytest -x -q tests
 
@@ -186,3 +187,20 @@ gpu-wheels:
 .PHONY: soak
 soak: $(STAMP)
 	RPCNB_SOAK=full $(BIN)/python -m pytest -q -m soak -p no:cacheprovider tests/kernel/test_soak.py
+
+# The fast tests against the lowest and the newest torch that pyproject.toml's range admits
+# (COMPAT_TORCH), each in a venv of its own (.venv-compat-VERSION), as pip installs it here:
+# 2.13.0 is the CPU build, 2.14.1 a CUDA 13 build (it runs without a GPU). A version that
+# fails stops the run; docs/contributing.md lists the figures of the last run.
+COMPAT_TORCH ?= 2.13.0 2.14.1
+.PHONY: compat
+compat: $(LABEXT_BUILT)
+	@for v in $(COMPAT_TORCH); do \
+	  echo "== torch $$v"; \
+	  test -x .venv-compat-$$v/bin/python || $(PY) -m venv .venv-compat-$$v || exit 1; \
+	  .venv-compat-$$v/bin/pip install -q --retries 1 torch==$$v || exit 1; \
+	  .venv-compat-$$v/bin/pip install -q -e '.[test]' || exit 1; \
+	  .venv-compat-$$v/bin/python -c 'import torch; print("torch", torch.__version__)'; \
+	  .venv-compat-$$v/bin/python -m pytest -q -p no:cacheprovider tests/unit $(QUICK_KERNEL) \
+	    || exit 1; \
+	done

@@ -14,10 +14,14 @@ by handle, for every call this thread makes inside the block (``rpcnb.paths.zero
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
+from rpcnb import machine
 from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDiedError
 from rpcnb.session.state import ALL, Group
+
+machine.check_platform(sys.platform)  # Linux only: one clear sentence elsewhere
 
 if TYPE_CHECKING:
     from rpcnb.api import (
@@ -35,7 +39,17 @@ if TYPE_CHECKING:
     from rpcnb.integrations.ipyparallel import attach
     from rpcnb.paths.zerocopy import copying
 
-__version__ = "0.1.0"
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, the one number there is)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rpcnb")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "0+unknown"
+
+
+__version__ = _version()
 __all__ = [
     "ALL",
     "CompositeRemoteError",

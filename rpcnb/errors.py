@@ -5,6 +5,8 @@ The sentences are module constants so tests (and docs/troubleshooting.md) can ma
 
 from __future__ import annotations
 
+from rpcnb import doclinks
+
 NOT_INITIALIZED = "This process is not in an RPC group yet: run %rpc_init (or rpcnb.init()) first."
 ALREADY_INITIALIZED = (
     "This process is already in an RPC group as {name!r}: run %rpc_shutdown first, "
@@ -161,7 +163,7 @@ NO_ENGINES = "The ipyparallel cluster has no engines to make members: start some
 ENGINES_ELSEWHERE = (
     "Engines run on other hosts ({hosts}), which cannot reach a group that meets on this "
     "host only: add --port PORT --host ADDRESS --allow-remote with an address of this "
-    "host on the network they share (see docs/clusters.md)."
+    "host on the network they share (see " + doclinks.ref("clusters") + ")."
 )
 ENGINE_FAILED = "Engine {engine} could not join the group as {name}: {reason}"
 ENGINE_TIMEOUT = "Engine {engine} did not join the group as {name} within {timeout:g} s."

@@ -15,6 +15,26 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+UNSUPPORTED = (
+    "rpcnb runs on Linux only, and this is {platform!r}: it uses Linux's /proc, /dev/shm, "
+    "cross-memory attach and network namespaces. Run the notebook's kernel on a Linux "
+    "machine (a remote kernel, WSL 2 on Windows, or a Linux container); see {where}."
+)
+
+
+class UnsupportedPlatform(ImportError):
+    """rpcnb was imported on a platform it does not run on (anything but Linux)."""
+
+
+def check_platform(platform: str) -> None:
+    """Refuse, in one sentence, a platform other than Linux (``sys.platform``)."""
+    if not platform.startswith("linux"):
+        from rpcnb import doclinks
+
+        raise UnsupportedPlatform(UNSUPPORTED.format(platform=platform,
+                                                     where=doclinks.ref("getting-started", "platforms")))
+
+
 BAD_HOST = "--host {host!r} is not an IP address of this machine: {reason}."
 SHM_DIR = "/dev/shm"
 

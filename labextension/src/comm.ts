@@ -8,7 +8,14 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { Signal } from '@lumino/signaling';
 
-import { Connection, describe, ISnapshot, PROTOCOL, TARGET } from './model';
+import {
+  Connection,
+  describe,
+  HELLO_ID,
+  ISnapshot,
+  PROTOCOL,
+  TARGET
+} from './model';
 
 /** How much the kernel sends: everything while the panel shows, counts otherwise. */
 export type Detail = 'full' | 'summary';
@@ -128,6 +135,7 @@ export class Link {
     this.reopen = false;
     if (this.kernel && !this.kernel.isDisposed) {
       this.kernel.removeCommTarget(TARGET, this.onHello);
+      this.kernel.iopubMessage.disconnect(this.onIopub, this);
     }
     this.kernel = kernel;
     if (!this.notebook) {
@@ -138,8 +146,25 @@ export class Link {
       this.set({ state: 'no-kernel' });
       return;
     }
-    kernel.registerCommTarget(TARGET, this.onHello);
+    kernel.registerCommTarget(TARGET, this.onHello); // an older rpcnb's hello
+    kernel.iopubMessage.connect(this.onIopub, this);
     this.open();
+  }
+
+  /** The kernel's hello: a comm message on HELLO_ID (see rpcnb.frontend.panel). */
+  private onIopub(
+    _kernel: Kernel.IKernelConnection,
+    msg: KernelMessage.IIOPubMessage
+  ): void {
+    if (
+      msg.header.msg_type === 'comm_msg' &&
+      (msg as KernelMessage.ICommMsgMsg).content.comm_id === HELLO_ID &&
+      this.kernel &&
+      !this.kernel.isDisposed
+    ) {
+      this.closeComm();
+      this.open();
+    }
   }
 
   /** The kernel ran `%load_ext rpcnb` (again): connect now. */

@@ -5,6 +5,8 @@
  */
 
 export const TARGET = 'rpcnb.panel';
+/** The kernel's hello: a message on this comm id, which no one opens (rpcnb.frontend.panel). */
+export const HELLO_ID = 'rpcnb.panel.hello';
 export const PROTOCOL = 1;
 
 export interface IMember {

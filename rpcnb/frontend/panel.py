@@ -27,6 +27,10 @@ from rpcnb.session import state
 from rpcnb.wire import options
 
 TARGET = "rpcnb.panel"
+# The hello is a message on a comm id that no one opened: a panel listens for it, and every
+# other front end drops it without a word (a comm *opened* to a target nobody handles makes
+# nbclient and papermill warn "No handler found for comm target").
+HELLO_ID = "rpcnb.panel.hello"
 PROTOCOL = 1  # the messages' shape; the front end says so when it does not know it
 PERIOD = 1.0  # seconds between two snapshots, at least
 REFRESH_EVERY = 10.0  # seconds between asking each member about itself (memory, answering)
@@ -519,7 +523,8 @@ def register(ip: Any) -> None:
     comm.get_comm_manager().register_target(TARGET, pub.open)
     ip.events.register("post_run_cell", pub.after_cell)
     try:
-        hello = comm.create_comm(target_name=TARGET, data={"hello": PROTOCOL})
-        hello.close()
+        hello = comm.create_comm(target_name=TARGET, comm_id=HELLO_ID, primary=False)
+        hello.send({"hello": PROTOCOL})
+        hello._closed = True  # never opened: nothing to close, when collected neither
     except Exception:  # a front end without comms: the panel connects when it looks
         pass

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rpcnb import machine, text
+from rpcnb import doclinks, machine, text
 from rpcnb.session import protocol, roster, state
 
 SMALL_SHM = 1 << 30  # below 1 GiB of /dev/shm, large tensors fall back or fail
@@ -182,7 +182,7 @@ def leader_findings(s: state.Session) -> list[Finding]:
         else:
             out.append(Finding(s.name, "ports", "note", f"the group meets on {where}",
                                "other hosts reach it there: keep that network private "
-                               "(docs/security.md); traffic is not encrypted"))
+                               f"({doclinks.ref('security')}); traffic is not encrypted"))
     else:
         out.append(Finding(s.name, "ports", "ok", "the group meets through a private file "
                            "(no network port for the store)"))

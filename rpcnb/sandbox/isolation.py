@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rpcnb import doclinks
+
 # What the launcher did, for this process and everything it starts (JSON): either
 # {"isolated": true, "net": "net:[...]", "holder": PID} or {"isolated": false, "why": "..."}.
 ENV = "RPCNB_ISOLATION"
@@ -50,9 +52,12 @@ NOT_PRIVATE = (
 HOST_USER_NS = "this process runs in the machine's own user namespace, not a private one"
 NOT_IPC = (
     "the front end started this kernel without rpcnb's kernel provisioner (transport "
-    "{transport!r}), and a kernel in a private namespace can only be reached over ipc "
-    "sockets: use jupyter_client >= 7 with rpcnb installed in the front end's environment"
+    "{transport!r}; VS Code does so), and a kernel in a private namespace can only be "
+    "reached over ipc sockets, so this kernel is not isolated: for isolation use JupyterLab "
+    "or Jupyter Notebook (jupyter_client >= 7) with rpcnb installed in the front end's "
+    "environment"
 )
+NOT_ISOLATED = "rpcnb: the 'Python 3 (rpcnb)' kernel is NOT isolated: {why}."
 SYSCTL_DISABLED = "unprivileged {what} namespaces are disabled here ({setting}={value})"
 SYSCTL_LIMIT = (
     "the limit on namespaces is reached here (user.max_user_namespaces={user}, "
@@ -70,7 +75,7 @@ NO_USERNS = "this Linux kernel has no user or network namespaces (CONFIG_USER_NS
 FAILED = "creating a private network namespace failed: {error}"
 NOTICE = (
     "Note: this group's ports are open to every user of this machine, because {why}. "
-    "See docs/security.md."
+    "See " + doclinks.ref("security") + "."
 )
 RUNTIME_NOT_PRIVATE = (
     "{path} is not a private directory of yours ({detail}): remove it, or set "

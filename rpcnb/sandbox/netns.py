@@ -38,6 +38,7 @@ from rpcnb.sandbox.isolation import (
     FAILED,
     NO_USERNS,
     NOT_IPC,
+    NOT_ISOLATED,
     SECCOMP,
     SYSCTL_DISABLED,
     SYSCTL_LIMIT,
@@ -354,7 +355,10 @@ def run(cmd: list[str]) -> NoReturn:
     """``python -m rpcnb.netns run -- CMD``: exec CMD in the user's namespace (or, where
     there is none to be had, as it is); a bare ``python`` is this interpreter."""
     env = dict(os.environ)
-    env[ENV] = json.dumps(place(cmd))
+    placed = place(cmd)
+    env[ENV] = json.dumps(placed)
+    if not placed["isolated"]:  # said at once in the front end's log, and at %rpc_init
+        print(NOT_ISOLATED.format(why=placed["why"]), file=sys.stderr, flush=True)
     if cmd[0] in ("python", "python3", f"python3.{sys.version_info[1]}"):
         cmd = [sys.executable, *cmd[1:]]
     os.execvpe(cmd[0], cmd, env)

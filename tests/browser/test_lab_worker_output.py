@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 
 from conftest import children_of
-from test_lab_widgets import CHROMIUM, CHROMIUM_ARGS, lab, open_notebook, run_cell, write_notebook
+from test_lab_panel import not_blank, widen
+from test_lab_widgets import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DOCS_STATIC,
+    lab,
+    open_notebook,
+    run_cell,
+    write_notebook,
+)
 
 __all__ = ["lab"]  # the fixture, used by name
 
@@ -85,6 +95,18 @@ def test_bars_and_a_slider_from_workers(lab, tmp_path):
             out = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".jp-OutputArea-output")
             expect(out.last).to_have_text("8")
             page.screenshot(path=str(tmp_path / "slider.png"))
+
+            # the README's picture: this notebook with the RPC panel open beside it
+            page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()
+            page.locator(".rpcnb-status-item").click()
+            panel = page.locator("#rpcnb-panel")
+            expect(panel.locator("table.rpcnb-panel-members tr[data-member]")).to_have_count(3)
+            widen(page, panel)
+            shot = tmp_path / "notebook-with-panel.png"
+            page.screenshot(path=str(shot))
+            not_blank(shot)
+            if os.environ.get("RPCNB_UPDATE_SCREENSHOTS") == "1":
+                shutil.copy(shot, DOCS_STATIC / "notebook-with-panel.png")
             run_cell(page, 4)
         finally:
             browser.close()

@@ -1,0 +1,78 @@
+"""The README's Install section, followed as written in a fresh virtual environment: the
+CPU torch line, the rpcnb line (in its from-a-clone form, which the README gives, since
+this rpcnb is not on PyPI), then JupyterLab runs with the panel and the kernels there."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_wheel import tracked_copy
+
+ROOT = Path(__file__).resolve().parents[2]
+# This machine reaches PyPI but not download.pytorch.org; its pip has the CPU wheel of
+# torch 2.13.0 on local disk (and, newer, CUDA builds of several GB). The CPU line's index
+# is unreachable here, so pip takes what the local sources have: pinned to the CPU build.
+LOCAL_CPU_TORCH = "torch==2.13.0"
+
+
+def install_lines() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```\n(.*?)```", section, re.S)
+    assert block, "the Install section has no command block"
+    return [ln.strip() for ln in block.group(1).splitlines() if ln.strip()]
+
+
+def test_the_install_section_says_what_a_user_needs():
+    lines = install_lines()
+    assert lines == [
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        "pip install torch",
+        "pip install 'rpcnb[lab]'",
+        "jupyter lab",
+    ], lines
+    section = (ROOT / "README.md").read_text().split("## Install", 1)[1]
+    assert "pip install '.[lab]'" in section  # the same from a clone
+
+
+def test_the_install_section_works_in_a_fresh_venv(tmp_path):
+    if os.environ.get("RPCNB_SKIP_INSTALL_TEST") == "1":
+        pytest.skip("RPCNB_SKIP_INSTALL_TEST=1")
+    src = tracked_copy(tmp_path / "clone")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    bin_ = venv / "bin"
+    constraints = tmp_path / "constraints.txt"
+    machine = Path("/etc/xdg/pip/constraints.txt")
+    constraints.write_text((machine.read_text() if machine.exists() else "") +
+                           f"\n{LOCAL_CPU_TORCH}\n")
+    env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}",
+               VIRTUAL_ENV=str(venv), PIP_CONSTRAINT=str(constraints))
+    env.pop("PYTHONPATH", None)
+    cpu, _cuda, rpcnb_line, lab = install_lines()
+
+    def sh(line: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        done = subprocess.run(line, shell=True, cwd=src, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done
+
+    sh(cpu.replace("pip install", "pip install --retries 1"))
+    sh(rpcnb_line.replace("'rpcnb[lab]'", "'.[lab]'"))
+    assert lab == "jupyter lab"
+    sh("jupyter lab --version")  # installed: the README's next step can start it
+    exts = sh("jupyter labextension list")
+    listed = re.sub(r"\x1b\[[0-9;]*m", "", exts.stdout + exts.stderr)
+    # prebuilt, installed by pip: its install.json names the Python package
+    assert re.search(r"rpcnb v[\d.]+ enabled OK \(python, rpcnb\)", listed), listed
+    kernels = sh("jupyter kernelspec list")
+    assert re.search(r"^\s*rpcnb\s", kernels.stdout, re.M), kernels.stdout
+    version = sh("python -c 'import rpcnb, torch; print(rpcnb.__version__, torch.__version__)'")
+    assert version.stdout.split()[0] == "0.1.0" and "+cpu" in version.stdout
+    page = sh("python -m rpcnb.docs security")
+    assert page.stdout.startswith("# Security")

