@@ -85,6 +85,7 @@ def local_report() -> dict[str, Any]:
         "torch": getattr(torch, "__version__", "") if torch is not None else "",
         "torch_git": getattr(getattr(torch, "version", None), "git_version", "") or "",
         "python": platform.python_version(), "time": time.time(),
+        "platform": f"{platform.system()} {platform.machine()}",
     }
 
 
@@ -154,8 +155,25 @@ def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
                                "on every member: pickles and the RPC wire format differ"))
     elif reports:
         torch_v, git, py = versions.pop()
-        out.append(Finding("all", "versions", "ok", f"torch {torch_v} ({git[:8]}), python {py}"))
+        tested = tested_torch(torch_v)
+        out.append(Finding("all", "versions", "ok" if tested else "note",
+                           f"torch {torch_v} ({git[:8]}), python {py}",
+                           "" if tested else f"rpcnb was tested with torch {TESTED_TORCH}: "
+                           "see " + doclinks.ref("getting-started", "platforms")))
+    platforms = {r.get("platform", "") for r in reports.values()} - {""}
+    if platforms:
+        out.append(Finding("all", "platform", "ok", ", ".join(sorted(platforms)) +
+                           " (rpcnb runs on Linux only: " +
+                           doclinks.ref("getting-started", "platforms") + ")"))
     return out
+
+
+TESTED_TORCH = "2.13 and 2.14"  # make compat's range (pyproject.toml, docs/contributing.md)
+
+
+def tested_torch(version: str) -> bool:
+    """Whether ``version`` (``2.14.1+cu130``) is a torch release rpcnb was tested with."""
+    return version.split("+")[0].rsplit(".", 1)[0] in ("2.13", "2.14")
 
 
 def leader_findings(s: state.Session) -> list[Finding]:

@@ -86,3 +86,13 @@ def test_doctor_rules_on_this_process_report():
     assert ("clock", "warn") in one(skew_s=3.0) and ("clock", "ok") in one(skew_s=0.01)
     two = doctor.findings({"a": here, "b": dict(here, torch="2.4.0")})
     assert {f.member for f in two if f.check == "versions" and f.level == "warn"} == {"a", "b"}
+
+
+def test_doctor_says_the_platform_and_whether_torch_was_tested():
+    here = doctor.local_report()
+    assert here["platform"].startswith("Linux ")
+    found = {(f.check, f.level): f for f in doctor.findings({"w": here})}
+    assert "runs on Linux only" in found[("platform", "ok")].detail
+    assert ("versions", "ok") in found  # this run's torch is one of the tested ones
+    old = {(f.check, f.level): f for f in doctor.findings({"w": dict(here, torch="2.4.0")})}
+    assert "tested with torch 2.13 and 2.14" in old[("versions", "note")].todo
