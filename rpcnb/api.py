@@ -63,7 +63,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
          device_map: Any = None, gpus: str | None = None, port: int | None = None,
          host: str = "127.0.0.1", allow_remote: bool = False,
          interface: str | None = None, ucx: bool | None = None,
-         zero_copy: bool = True) -> Group:
+         zero_copy: bool = True, collectives: str | None = None,
+         collective_timeout: float | None = None) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. By default the rendezvous is a file in
@@ -97,6 +98,12 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
             CUDA 13). Default: the ``RPCNB_UCX`` variable.
         zero_copy: a tensor already in shared memory goes by handle, sharing its pages with
             the receiver (False: it is copied, as every other tensor is).
+        collectives: ``"gloo"``, ``"nccl"`` or ``"auto"`` (nccl where every worker has a
+            CUDA device, else gloo): the workers also form a ``torch.distributed`` process
+            group, ranks in worker order (worker1 is rank 0), world size ``workers``, for
+            ``all_reduce``, ``barrier``, DDP in their cells (``rpcnb.membership.collectives``).
+        collective_timeout: seconds a collective waits for every rank (default 60); one
+            that not every rank joins fails after it, naming the ranks that never came.
 
     Returns:
         The group, this process and its workers (``print()`` it for a table).
@@ -125,6 +132,11 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     if name in names:
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
     opts = options.validate(threads, timeout, channels, transports, shm=shm, zero_copy=zero_copy)
+    from rpcnb.membership import collectives as coll
+
+    coll.check(collectives, collective_timeout)
+    if collectives and not workers:
+        raise ValueError(errors.COLLECTIVES_NEED_WORKERS)
     opts["ucx"] = ucx_path.option(ucx)
     devices = options.plan_devices(name, names, gpus, device_map)
     if name in devices.maps:
@@ -201,6 +213,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
                             machine.cuda_devices()))
         start.launch_workers(s, names, opts, devices)
         start.wait_ready(s)
+        if collectives:
+            print(coll.form(s, collectives, names, collective_timeout or coll.DEFAULT_TIMEOUT))
         start.watch_in_background(s, failures.watch)
     except BaseException:
         teardown.close()

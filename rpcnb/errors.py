@@ -282,3 +282,14 @@ UCX_GONE = (
     "{peer!r} asked for a tensor this member no longer holds for it (it waited longer than "
     "the group's RPC timeout, or the group restarted): send it again."
 )
+
+COLLECTIVES_NOT_HERE = (
+    "--collectives is for the group's first kernel and the workers it starts "
+    "(%rpc_init --workers N --collectives gloo): joined kernels, headless workers and "
+    "ipyparallel engines cannot take part in its process group."
+)
+COLLECTIVES_NEED_WORKERS = "--collectives needs workers to form a process group: add --workers N."
+COLLECTIVE_TIMEOUT = (
+    "A collective waits for every rank of the workers' process group: this cell ran on "
+    "{ran}, and {missing} never came. Run collectives on every worker (%%remote --all)."
+)

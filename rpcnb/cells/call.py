@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import sys
 import threading
 import time
@@ -105,7 +106,42 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         wait(s, sent, timeout, prefix=many or local)
     finally:
         sent.forget(s)
+    _collective_timeouts(s, sent, names)
     return sent.outcome(many or local)
+
+
+# a collective's own time limit, as gloo and NCCL say it
+COLLECTIVE_TIMED_OUT = re.compile(r"gloo.*[Tt]imed out|Timed out waiting|[Ww]atchdog caught "
+                                  r"collective operation timeout|NCCL.*[Tt]imeout")
+
+
+def _collective_timeouts(s: Session, sent: Sent, names: list[str]) -> None:
+    """A collective that timed out in a group whose workers form a process group: the error
+    names the ranks that never came, and the process group is formed again (a timed-out
+    collective leaves the ranks out of step)."""
+    info = s.options.get("collectives")
+    timed_out = [c for c in sent.calls.values() if isinstance(c.error, RemoteError)
+                 and COLLECTIVE_TIMED_OUT.search(c.error.evalue + c.error.traceback)]
+    if not info or not timed_out:
+        return
+    ranks: dict[str, int] = info["ranks"]
+    missing = [f"{w} (rank {r})" for w, r in sorted(ranks.items(), key=lambda x: x[1])
+               if w not in names]
+    note = errors.COLLECTIVE_TIMEOUT.format(
+        ran=", ".join(n for n in names if n in ranks) or "no rank",
+        missing=", ".join(missing) or "a rank")
+    for c in timed_out:
+        e = c.error
+        assert isinstance(e, RemoteError)
+        c.error = RemoteError(e.worker, e.ename, f"{e.evalue}\n{note}", f"{e.traceback}\n{note}")
+    reform = getattr(s, "reform_collectives", None)
+    if reform is not None:
+        try:
+            said = reform()
+        except Exception as exc:  # the group itself still works; say so and go on
+            said = f"rpcnb: forming the workers' process group again failed: {exc}"
+        if said:
+            print(said, file=sys.stderr)
 
 
 LOCAL = "local"  # the name of the notebook's own result with ``local=True``

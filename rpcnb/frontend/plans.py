@@ -81,6 +81,13 @@ init_flags = _stack([
     argument("--no-zero-copy", action="store_true",
              help="copy tensors already in shared memory too, instead of sending them by "
                   "handle (which shares their pages with the receiver)"),
+    argument("--collectives", default=None, choices=["gloo", "nccl", "auto"],
+             help="the workers also form a torch.distributed process group (worker1 is "
+                  "rank 0) for all_reduce, barrier, DDP; auto: nccl where every worker has "
+                  "a GPU, else gloo"),
+    argument("--collective-timeout", type=float, default=None, metavar="S",
+             help="with --collectives: seconds a collective waits for every rank "
+                  "(default 60)"),
     argument("--add", type=int, default=None, metavar="N",
              help="in a running group: start N more workers (with --gpus: their GPUs)"),
     argument("--engines", type=int, default=None, metavar="N",
@@ -239,7 +246,8 @@ def plan_init(line: str, namespace: Mapping[str, Any] | None = None,
     args = parse_init_line(line)
     if args.add is not None:
         others = [f for f in _ADD_ALONE_FLAGS if getattr(args, f) not in (None, 0)]
-        if others or args.allow_remote or args.no_shm or args.ucx or args.no_zero_copy:
+        if others or args.allow_remote or args.no_shm or args.ucx or args.no_zero_copy \
+                or args.collectives:
             raise UsageError(ADD_ALONE)
         return InitPlan("add", workers=args.add, kwargs={"gpus": args.gpus})
     kwargs: dict[str, Any] = {}
@@ -252,6 +260,16 @@ def plan_init(line: str, namespace: Mapping[str, Any] | None = None,
     if args.timeout is not None:
         kwargs["timeout"] = args.timeout
     clustered = args.engines is not None or args.attach is not None
+    if args.collective_timeout is not None and not args.collectives:
+        raise UsageError("--collective-timeout goes with --collectives.")
+    if args.collectives and (args.join or clustered):
+        raise UsageError(errors.COLLECTIVES_NOT_HERE)
+    if args.collectives and not args.workers:
+        raise UsageError(errors.COLLECTIVES_NEED_WORKERS)
+    if args.collectives:
+        kwargs["collectives"] = args.collectives
+        if args.collective_timeout is not None:
+            kwargs["collective_timeout"] = args.collective_timeout
     if (args.launcher or args.cluster_args) and args.engines is None:
         raise UsageError(errors.LAUNCHER_NEEDS_ENGINES)
     if clustered and (args.join or args.workers):

@@ -17,7 +17,7 @@ import torch
 from rpcnb import telemetry
 from rpcnb.cells import call, comms, output
 from rpcnb.cells.runner import Job
-from rpcnb.membership import leave, start
+from rpcnb.membership import collectives, leave, start
 from rpcnb.observe import channels, doctor, values
 from rpcnb.paths import serialize, ucx
 from rpcnb.session import protocol, roster
@@ -64,6 +64,17 @@ def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[
 def comm(s: Session, comm_id: str, kind: str, msg: dict[str, Any]) -> bool:
     """The front end said something to a widget made here (``rpcnb.cells.comms``)."""
     return comms.incoming(comm_id, kind, msg)
+
+
+def collectives_join(s: Session, backend: str, rank: int, world: int, where: dict[str, Any],
+                     timeout: float) -> int:
+    """Become ``rank`` of the workers' process group (``rpcnb.membership.collectives``)."""
+    return collectives.join(s, backend, rank, world, where, timeout)
+
+
+def collectives_end(s: Session) -> None:
+    """Leave the workers' process group (it is formed again)."""
+    collectives.end()
 
 
 def unpark(s: Session, key: str) -> Any:
@@ -162,6 +173,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "interrupt": interrupt,
     "deliver": deliver,
     "comm": comm,
+    "collectives": collectives_join,
+    "collectives_end": collectives_end,
     "unpark": unpark,
     "register": register,
     "registry": registry,

@@ -17,7 +17,7 @@ from typing import Any
 from rpcnb import errors
 from rpcnb.cells.output import shell
 from rpcnb.errors import RpcnbError
-from rpcnb.membership import start
+from rpcnb.membership import collectives, start
 from rpcnb.procs import launch
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
@@ -43,6 +43,7 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
         known = sorted(s.procs)
     if name == s.name:
         raise RpcnbError(errors.RESTART_SELF.format(name=name))
+    collectives.refuse_resize(s, f"restarting {name}")
     if proc is None or spec is None:
         if name in s.members:
             raise RpcnbError(errors.RESTART_NOT_OURS.format(name=name))
@@ -117,6 +118,7 @@ def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TI
     s = _leader()
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(errors.ADD_COUNT.format(n=n))
+    collectives.refuse_resize(s, f"adding {n} worker(s)")
     store = _torch.store()
     if any(entry.get("device_map") for entry in roster.published(store).values()):
         raise RpcnbError(errors.ADD_WITH_DEVICE_MAPS)

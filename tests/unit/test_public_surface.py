@@ -23,6 +23,7 @@ PUBLIC = [
 
 MAGICS = {
     ("line", "rpc_init"): ["--add", "--allow-remote", "--attach", "--channels", "--cluster-args",
+                           "--collective-timeout", "--collectives",
                            "--device-map", "--engines", "--gpus", "--host", "--interface",
                            "--join", "--launcher", "--name", "--no-shm", "--no-zero-copy",
                            "--port", "--threads", "--timeout", "--token", "--transports",

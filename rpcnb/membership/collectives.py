@@ -1,0 +1,152 @@
+"""Collectives next to RPC (``%rpc_init --workers N --collectives gloo|nccl|auto``): the
+workers the first kernel started also form a ``torch.distributed`` process group, ranks
+in worker order (worker1 is rank 0), world size the number of workers, so
+``dist.all_reduce``, ``all_gather``, ``barrier`` and DDP work in ``%%remote --all`` cells,
+beside RPC and RRefs in the same processes. The kernel is no rank: it drives.
+
+The group's store is a ``FileStore`` in the group's private folder (a TCP store's prefix
+where the group meets over TCP); gloo and NCCL listen on the interface TensorPipe uses
+(loopback on one host). Every collective has the time limit given at start: a collective
+that not every rank joins fails within it. The cell's error then names the ranks that never
+came (``cells.call``) and the process group is formed again (``reform``), since a timed-out
+collective leaves the ranks out of step. ``%rpc_shutdown`` ends the process group with the
+workers. Restarting or adding a worker is refused: the world size is fixed when it forms.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+from typing import Any
+
+from rpcnb.errors import RpcnbError
+from rpcnb.session import protocol
+from rpcnb.session.state import Session
+
+BACKENDS = ("gloo", "nccl", "auto")
+DEFAULT_TIMEOUT = 60.0  # seconds a collective waits for every rank
+OPTION = "collectives"  # in Session.options: {"backend", "ranks": {name: rank}, "timeout"}
+FIXED = (
+    "This group's workers form a process group (--collectives {backend}) of a fixed size "
+    "({n}), so {what} would leave it out: %rpc_shutdown, then %rpc_init with the workers "
+    "you want."
+)
+NO_NCCL = (
+    "--collectives nccl needs a CUDA device on every worker, and {names} have none: use "
+    "--collectives gloo (or auto), or give the workers GPUs with --gpus."
+)
+REFORMED = ("rpcnb: the workers' process group was formed again ({backend}, {n} ranks): a "
+            "collective that timed out leaves the ranks out of step.")
+FORMED = ("rpcnb: the workers form a process group ({backend}): {first}..{last} are ranks "
+          "0..{top}; a collective waits {timeout:g} s for every rank.")
+_generation = itertools.count(1)
+
+
+def check(backend: str | None, timeout: float | None) -> None:
+    """Refuse a backend or time limit that cannot work, before anything starts."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"--collectives takes {', '.join(BACKENDS)}, not {backend!r}.")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"--collective-timeout must be a positive number of seconds, "
+                         f"not {timeout!r}.")
+
+
+def choose(backend: str, devices: dict[str, list[str]]) -> str:
+    """``auto``: nccl where every worker has a CUDA device, else gloo."""
+    without = [n for n, devs in devices.items() if not any(d.startswith("cuda") for d in devs)]
+    if backend == "auto":
+        return "gloo" if without else "nccl"
+    if backend == "nccl" and without:
+        raise RpcnbError(NO_NCCL.format(names=", ".join(without)))
+    return backend
+
+
+def form(s: Session, backend: str, workers: list[str], timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Make ``workers`` (in this order: ranks 0..n-1) a process group; on the leader."""
+    with s.lock:
+        devices = {w: list(s.members[w].devices) if w in s.members else [] for w in workers}
+    chosen = choose(backend, devices)
+    where = _store_spec(s)
+    futures = [protocol.call_async(s.token, w, "collectives", chosen, rank, len(workers),
+                                   where, float(timeout), timeout=timeout + 30)
+               for rank, w in enumerate(workers)]
+    for fut in futures:  # init_process_group returns on every rank once all have come
+        fut.wait()
+    s.options[OPTION] = {"backend": chosen, "ranks": {w: r for r, w in enumerate(workers)},
+                         "timeout": float(timeout)}
+    s.reform_collectives = lambda: reform(s)  # type: ignore[attr-defined]
+    return FORMED.format(backend=chosen, first=workers[0], last=workers[-1],
+                         top=len(workers) - 1, timeout=timeout)
+
+
+def reform(s: Session) -> str:
+    """Form the process group again (after a collective timed out); the sentence to show."""
+    info = s.options.get(OPTION)
+    if not info:
+        return ""
+    workers = sorted(info["ranks"], key=info["ranks"].get)
+    live = [w for w in workers if w not in s.dead]
+    if len(live) != len(workers):
+        return ""
+    futures = [protocol.call_async(s.token, w, "collectives_end", timeout=30) for w in workers]
+    for fut in futures:
+        try:
+            fut.wait()
+        except Exception:
+            pass
+    form(s, info["backend"], workers, info["timeout"])
+    return REFORMED.format(backend=info["backend"], n=len(workers))
+
+
+def refuse_resize(s: Session, what: str) -> None:
+    """Restarting or adding a worker is refused in a group with collectives."""
+    info = s.options.get(OPTION)
+    if info:
+        raise RpcnbError(FIXED.format(backend=info["backend"], n=len(info["ranks"]), what=what))
+
+
+def _store_spec(s: Session) -> dict[str, Any]:
+    """Where the ranks meet: a new file in the group's folder, or a prefix of the TCP store
+    (a new one for each forming: a store's keys cannot be taken back)."""
+    gen = next(_generation)
+    if s.group_dir is not None and str(s.init_method).startswith("file://"):
+        return {"file": str(s.group_dir / f"collectives-{gen}")}
+    host, port = str(s.init_method)[len("tcp://"):].rsplit(":", 1)
+    return {"tcp": [host, int(port)], "prefix": f"rpcnb/collectives/{gen}"}
+
+
+# -- on a worker -------------------------------------------------------------------------
+
+
+def join(s: Session, backend: str, rank: int, world: int, where: dict[str, Any],
+         timeout: float) -> int:
+    """This worker becomes ``rank`` of the workers' process group (blocks until all have)."""
+    import torch.distributed as dist
+
+    iface = os.environ.get("TP_SOCKET_IFNAME") or "lo"  # where TensorPipe listens too
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    limit = datetime.timedelta(seconds=timeout)
+    if "file" in where:
+        store: Any = dist.FileStore(where["file"], world)
+    else:
+        host, port = where["tcp"]
+        store = dist.PrefixStore(where["prefix"], dist.TCPStore(
+            host, int(port), is_master=False, timeout=limit))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=limit)
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(0)  # a worker numbers its GPUs from cuda:0
+    return rank
+
+
+def end() -> None:
+    """This worker leaves the process group (before it is formed again)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
