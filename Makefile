@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml $(wildcard kernelspec/*) $(LABEXT_SRC)
 	$(BIN)/pip install --retries 1 torch==2.13.0 --index-url $(TORCH_INDEX)
 	$(BIN)/pip install 'jupyterlab>=4.6,<5' 'hatchling>=1.27' 'hatch-jupyter-builder>=0.9' editables
 	$(MAKE) labextension
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --no-build-isolation -e '.[test]'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install --no-build-isolation -e '.[test,ucx]'
 	touch $@
 
 .venv venv: $(STAMP)
@@ -190,14 +190,17 @@ soak: $(STAMP)
 
 # The fast tests against the lowest and the newest torch that pyproject.toml's range admits
 # (COMPAT_TORCH), each in a venv of its own (.venv-compat-VERSION), as pip installs it here:
-# 2.13.0 is the CPU build, 2.14.1 a CUDA 13 build (it runs without a GPU). A version that
-# fails stops the run; docs/contributing.md lists the figures of the last run.
+# 2.13.0 is the CPU build, 2.14.1 a CUDA 13 build (it runs without a GPU). torch is pinned
+# by a constraint while the rest installs, so that nothing swaps it for another release. A
+# version that fails stops the run; docs/contributing.md lists the figures of the last run.
 COMPAT_TORCH ?= 2.13.0 2.14.1
 .PHONY: compat
 compat: $(LABEXT_BUILT)
 	@for v in $(COMPAT_TORCH); do \
 	  echo "== torch $$v"; \
 	  test -x .venv-compat-$$v/bin/python || $(PY) -m venv .venv-compat-$$v || exit 1; \
+	  { cat /etc/xdg/pip/constraints.txt 2>/dev/null; echo "torch==$$v"; } > .venv-compat-$$v/constraints.txt; \
+	  export PIP_CONSTRAINT=$(abspath .)/.venv-compat-$$v/constraints.txt; \
 	  .venv-compat-$$v/bin/pip install -q --retries 1 torch==$$v || exit 1; \
 	  .venv-compat-$$v/bin/pip install -q -e '.[test]' || exit 1; \
 	  .venv-compat-$$v/bin/python -c 'import torch; print("torch", torch.__version__)'; \

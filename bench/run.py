@@ -521,7 +521,7 @@ def report(results: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, list[dict
                f"{r:.2f}x ({mine:.2f} vs {theirs:.2f} s)")
 
     if targets:
-        rows = [["targets (issue 'Speed')", "verdict", "measured"]]
+        rows = [["goals", "verdict", "measured"]]
         rows += [[t["target"], t["verdict"], t["shown"]] for t in targets]
         parts.append(_table(rows))
     return "\n\n".join(parts), targets
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             table += f"\n\n{caption}\n{generated.text_table(rows)}"
         more += part.targets
     if more:
-        table += "\n\n" + generated.text_table([["targets (issue 14)", "verdict", "measured"]] + [
+        table += "\n\n" + generated.text_table([["goals (start-up)", "verdict", "measured"]] + [
             [t["target"], t["verdict"], t["shown"]] for t in more])
     targets += more
     header = (f"rpcnb benchmarks ({'quick' if args.quick else 'full'}) on {info['cpu_model']} x "
