@@ -109,3 +109,21 @@ def test_local_failures_name_where_they_happened(group):
 def test_local_with_bg_is_refused(group):
     out = group.execute("%%remote worker1 --bg --local\n1", allow_error=True)
     assert "--local runs the cell in the notebook too" in out.stderr
+
+
+def test_a_joined_kernels_bar_is_a_line_of_its_own(kernel_factory):
+    lead, bob = kernel_factory(), kernel_factory()
+    lead.execute("%load_ext rpcnb")
+    started = lead.execute("%rpc_init --workers 1")
+    join = next(ln.strip() for ln in started.stdout.splitlines()
+                if ln.strip().startswith("%rpc_init --join")).replace("NAME", "bob")
+    bob.execute("%load_ext rpcnb")
+    bob.execute(join)
+    out = lead.execute("%%remote worker1,bob\n" + TQDM_CELL, timeout=60)
+    bars = regions(out)
+    assert sorted(v[0][1].split("]")[0] + "]" for v in bars.values()) == ["[bob]", "[worker1]"]
+    for versions in bars.values():
+        assert len({percent(v) for _, v in versions}) >= 5  # it moved
+        assert "30/30" in versions[-1][1]
+    assert sorted(out.stdout.splitlines()) == ["[bob] done", "[worker1] done"]
+    lead.execute("%rpc_shutdown", timeout=60)
