@@ -132,12 +132,14 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     if name in names:
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
     opts = options.validate(threads, timeout, channels, transports, shm=shm, zero_copy=zero_copy)
-    from rpcnb.membership import collectives as coll
-
-    coll.check(collectives, collective_timeout)
-    if collectives and not workers:
-        raise ValueError(errors.COLLECTIVES_NEED_WORKERS)
     opts["ucx"] = ucx_path.option(ucx)
+    if collectives is not None or collective_timeout is not None:
+        from rpcnb.membership import collectives as coll  # only then: it imports torch
+
+        coll.check(collectives, collective_timeout)
+        if not collectives or not workers:
+            raise ValueError(errors.COLLECTIVES_NEED_WORKERS if collectives else
+                             "collective_timeout goes with collectives.")
     devices = options.plan_devices(name, names, gpus, device_map)
     if name in devices.maps:
         opts["device_map"] = devices.maps[name]
@@ -214,6 +216,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         start.launch_workers(s, names, opts, devices)
         start.wait_ready(s)
         if collectives:
+            from rpcnb.membership import collectives as coll
+
             print(coll.form(s, collectives, names, collective_timeout or coll.DEFAULT_TIMEOUT))
         start.watch_in_background(s, failures.watch)
     except BaseException:

