@@ -6,6 +6,9 @@ errors, and interrupt them when the notebook is interrupted or ``timeout`` passe
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
+import os
 import queue
 import re
 import sys
@@ -14,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rpcnb import errors, machine, progress, telemetry
@@ -44,13 +48,14 @@ class Call:
     error: BaseException | None = None
     done: bool = False
     outputs: int = 0  # output batches the worker sent before its result
+    profile: dict[str, Any] | None = None  # with --profile: the worker's table and trace
     warned: bool = False
     started: float = field(default_factory=time.monotonic)
 
 
 def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         push: dict[str, Any] | None = None, timeout: float | None = None,
-        zero_copy: bool = True, local: bool = False) -> Any:
+        zero_copy: bool = True, local: bool = False, profile: bool = False) -> Any:
     """Run ``source`` on the target worker(s) as a cell and wait for it.
 
     Output streams into this process's stdout/stderr/display while the cell runs. An
@@ -71,6 +76,10 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         local: also run the cell here, in this process's namespace (the notebook's), while
             the workers run it (``%%remote --local``, as ipyparallel's ``%%px --local``);
             its result is under ``"local"``. Its output is printed as a local cell's.
+        profile: run the cell under ``torch.profiler`` on each worker (``%%remote
+            --profile``): each worker's top operators are printed, and its Chrome/Perfetto
+            trace is written on this host (with several workers, also one file with all
+            of them on one timeline); ``rpcnb.cells.call.profiles_dir`` says where.
 
     Returns:
         An RRef to the last expression's value (None if there is none), the value itself
@@ -95,7 +104,7 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             for w, ids in background_on(s, names).items()]
     if busy:
         print(errors.QUEUED_BEHIND.format(workers="; ".join(busy)), file=sys.stderr)
-    sent = send(s, names, source, fetch, push, zero_copy)
+    sent = send(s, names, source, fetch, push, zero_copy, profile)
     try:
         if local:
             try:
@@ -107,7 +116,53 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     finally:
         sent.forget(s)
     _collective_timeouts(s, sent, names)
+    if profile:
+        show_profiles(sent)
     return sent.outcome(many or local)
+
+
+PROFILES = "rpcnb-profiles"  # under the working directory, unless RPCNB_PROFILE_DIR says
+_profiled = itertools.count(1)
+
+
+def profiles_dir() -> Path:
+    """Where ``--profile`` writes its traces (``$RPCNB_PROFILE_DIR``, else
+    ``./rpcnb-profiles``)."""
+    return Path(os.environ.get("RPCNB_PROFILE_DIR") or PROFILES).absolute()
+
+
+def show_profiles(sent: Sent) -> list[Path]:
+    """Print each worker's top operators and write its trace; with several workers, also
+    one trace of them all (each worker a process of its own on one timeline). The paths."""
+    found = {c.worker: c.profile for c in sent.calls.values() if c.profile}
+    if not found:
+        return []
+    folder = profiles_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_profiled)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, events = [], []
+    for worker, prof in sorted(found.items()):
+        path = folder / f"{worker}.json"
+        path.write_bytes(prof["trace"])
+        paths.append(path)
+        try:
+            trace = json.loads(prof["trace"])
+            for ev in trace.get("traceEvents", []):
+                if ev.get("ph") == "M" and ev.get("name") == "process_name":
+                    ev.setdefault("args", {})["name"] = worker
+            events.append((worker, trace))
+        except ValueError:
+            pass
+        print(f"[{worker}] top operators ({'CUDA' if prof.get('cuda') else 'CPU'} self "
+              f"time):\n{prof['table'].rstrip()}\n[{worker}] trace: {path}")
+    if len(events) > 1:
+        merged = {"traceEvents": [ev for _, t in events for ev in t.get("traceEvents", [])],
+                  "displayTimeUnit": "ms"}
+        both = folder / "all.json"
+        both.write_text(json.dumps(merged))
+        paths.append(both)
+        print(f"all workers on one timeline: {both} (open it in https://ui.perfetto.dev or "
+              "chrome://tracing)")
+    return paths
 
 
 # a collective's own time limit, as gloo and NCCL say it
@@ -246,7 +301,7 @@ class Sent:
 
 
 def send(s: Session, names: list[str], source: str, fetch: bool,
-         push: dict[str, Any] | None, zero_copy: bool = True) -> Sent:
+         push: dict[str, Any] | None, zero_copy: bool = True, profile: bool = False) -> Sent:
     """Send the cell to each of ``names``; their output goes to the returned ``Sent``
     (``zero_copy=False``: shared tensors in ``push`` and the fetched value are copied)."""
     sent = Sent({}, queue.Queue(), telemetry.now(), time.perf_counter())
@@ -258,7 +313,9 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
             with s.lock:
                 s.calls[call.call_id] = call
             sent.calls[call.call_id] = call
-            extra = () if zero_copy else (False,)  # run_cell's zero_copy, when not the default
+            # run_cell's zero_copy and profile, when not the defaults
+            extra: tuple[bool, ...] = (zero_copy, True) if profile else \
+                (() if zero_copy else (False,))
             try:
                 with contextlib.nullcontext() if zero_copy else zerocopy.copying():
                     call.future = protocol.call_async(
@@ -437,6 +494,7 @@ def _check_call(s: Session, call: Call) -> None:
             call.error = _call_failure(s, call.worker, exc)
             return
         call.outputs = res.outputs
+        call.profile = getattr(res, "profile", None)
         if res.ok:
             call.result = res.value if res.has_value and res.rref is None else res.rref
         else:

@@ -43,6 +43,7 @@ class CellResult:
     duration: float = 0.0
     outputs: int = 0  # number of output batches sent before this result
     copy_tensors: bool = False  # the call said zero_copy=False: pickled under copying()
+    profile: dict[str, Any] | None = None  # with --profile: {"table": str, "trace": bytes}
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Job:
     push: dict[str, Any]
     future: Any  # a torch Future the result is set on
     zero_copy: bool = True  # False: a fetched tensor in shared memory is copied
+    profile: bool = False  # run under torch.profiler (%%remote --profile)
     filename: str = ""
     started: float = field(default_factory=time.monotonic)
     capture: Any = None  # its output's Capture, while it runs
@@ -147,10 +149,14 @@ class CellRunner:
             with self._lock:
                 self._current = job
             try:
-                result = self._execute(job)
+                if job.profile:
+                    result, found = profiled(lambda: self._execute(job))
+                else:
+                    result, found = self._execute(job), None
             finally:
                 with self._lock:
                     self._current = None
+            result.profile = found
         except BaseException as exc:  # KeyboardInterrupt included: the worker lives on
             missing = comms.hint(exc, self.name)  # a widget library not installed here
             more = f"\n{missing}" if missing else ""
@@ -193,6 +199,31 @@ class CellRunner:
                                                  "bytes": nbytes})
             return CellResult(self.name, True, value=value, has_value=True)
         return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
+
+
+PROFILE_ROWS = 12  # operators in a --profile table
+
+
+def profiled(run: Any) -> tuple[Any, dict[str, Any]]:
+    """``run()`` under ``torch.profiler`` (the CPU, and CUDA where there is one): its
+    result, and the profile: the top operators by self time, as a table, and the Chrome /
+    Perfetto trace's bytes (sent back to the caller, which keeps the file)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    with profile(activities=acts) as prof:
+        result = run()
+    sort = "self_cuda_time_total" if ProfilerActivity.CUDA in acts else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = open(f.name, "rb").read()
+    return result, {"table": table, "trace": trace, "cuda": ProfilerActivity.CUDA in acts}
 
 
 def make_rref(me: str, value: Any) -> Any:

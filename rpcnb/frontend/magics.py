@@ -27,6 +27,7 @@ from rpcnb.wire import options
 __all__ = ["RpcMagics", "parse_init_line", "parse_remote_line"]
 
 PUSH_MISSING = "--push: there is no variable {name!r} in this notebook to send."
+BG_PROFILE = "--profile shows its tables when the cell ends: drop --bg to profile a cell."
 BG_LOCAL = ("--local runs the cell in the notebook too, which cannot go to the background: "
             "drop --bg, or run the cell here in a cell of its own.")
 BG_STARTED = (
@@ -154,14 +155,14 @@ class RpcMagics(Magics):
                 raise UsageError(PUSH_MISSING.format(name=name))
             push[name] = user_ns[name]
         target = state.ALL if args.all else args.target
-        if args.bg and args.local:
-            raise UsageError(BG_LOCAL)
+        if args.bg and (args.local or args.profile):
+            raise UsageError(BG_LOCAL if args.local else BG_PROFILE)
         if args.bg:
             result = api.run_bg(target, code, fetch=args.fetch, push=push, timeout=args.timeout,
                                 zero_copy=not args.copy)
         else:
             result = api.run(target, code, fetch=args.fetch, push=push, timeout=args.timeout,
-                             zero_copy=not args.copy, local=args.local)
+                             zero_copy=not args.copy, local=args.local, profile=args.profile)
         if args.output:
             user_ns[args.output] = result
             if args.bg:

@@ -122,6 +122,9 @@ remote_flags = _stack([
                   "sharing their pages with the receiver"),
     argument("--local", action="store_true",
              help="also run the cell here, in the notebook (its result is under 'local')"),
+    argument("--profile", action="store_true",
+             help="run the cell under torch.profiler on each worker: its top operators, "
+                  "and its trace file (Chrome/Perfetto) on this host"),
 ])
 
 
