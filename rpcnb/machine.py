@@ -52,6 +52,26 @@ def cuda_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
+def gpu_memory() -> list[dict[str, Any]]:
+    """Each CUDA device's memory as this process uses it: ``{"device", "allocated",
+    "reserved", "total"}`` (bytes; torch's caching allocator). Empty without a GPU. A
+    process that has not initialised CUDA holds none, and is not made to initialise it here
+    (a context costs hundreds of MB): its devices show 0 used and ``total`` None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    found = []
+    for i in range(torch.cuda.device_count()):
+        if torch.cuda.is_initialized():
+            found.append({"device": f"cuda:{i}", "allocated": torch.cuda.memory_allocated(i),
+                          "reserved": torch.cuda.memory_reserved(i),
+                          "total": torch.cuda.get_device_properties(i).total_memory})
+        else:
+            found.append({"device": f"cuda:{i}", "allocated": 0, "reserved": 0, "total": None})
+    return found
+
+
 def visible_gpu_ids(count: int | None = None) -> list[str]:
     """How this process's GPUs are named in CUDA_VISIBLE_DEVICES (indices or UUIDs), in
     the order torch numbers them: what a child process gets to see one of them."""

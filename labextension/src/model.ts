@@ -21,6 +21,34 @@ export interface IMember {
   calls: number;
   recent_ms: number | null;
   me: boolean;
+  memory?: { rss?: number; shm?: number; gpu?: IGpuMemory[] };
+}
+
+/** One CUDA device's memory as a member uses it (rpcnb.machine.gpu_memory). */
+export interface IGpuMemory {
+  device: string;
+  allocated: number;
+  reserved: number;
+  total: number | null;
+}
+
+/** A member's devices with their memory: "no GPU", or per device "cuda:0 1.2 GB alloc /
+ * 2.0 GB reserved / 79.6 GB". */
+export function devicesText(m: IMember): string {
+  const gpus = m.memory?.gpu;
+  if (!m.devices.length || (gpus && !gpus.length)) {
+    return 'cpu (no GPU)';
+  }
+  if (!gpus) {
+    return m.devices.join(', ');
+  }
+  return gpus
+    .map(
+      g =>
+        `${g.device} ${bytes(g.allocated)} alloc / ${bytes(g.reserved)} reserved / ` +
+        (g.total === null ? 'CUDA not initialised' : bytes(g.total))
+    )
+    .join('; ');
 }
 
 export interface IGroup {
@@ -167,7 +195,7 @@ export function memberCells(m: IMember): string[] {
     m.host,
     String(m.pid),
     m.kind,
-    m.devices.length ? m.devices.join(', ') : 'cpu',
+    devicesText(m),
     m.alive ? 'alive' : m.how ? `dead (${m.how})` : 'dead',
     String(m.calls),
     m.recent_ms === null || m.recent_ms === undefined

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any
 
 from rpcnb import machine, telemetry
 from rpcnb.paths import shm
@@ -15,11 +16,12 @@ from rpcnb.session.state import Group, Member
 from rpcnb.wire import _torch
 
 
-def memory_info() -> dict[str, int]:
+def memory_info() -> dict[str, Any]:
     """This process's resident memory and the shared memory it holds (its pool and the
     buffers of others it maps), as %rpc_workers shows it."""
     st = shm.stats()
-    return {"rss": processes.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"]}
+    return {"rss": processes.rss_bytes(), "shm": st["pool_bytes"] + st["mapped_bytes"],
+            "gpu": machine.gpu_memory()}
 
 
 def listen_address() -> str:

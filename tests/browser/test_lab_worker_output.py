@@ -23,6 +23,12 @@ from test_lab_widgets import (
 
 __all__ = ["lab"]  # the fixture, used by name
 
+
+def torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
 CELLS = [
     "%load_ext rpcnb\n%rpc_init --workers 2",
     "%%remote --all\nfrom tqdm import tqdm\nimport time\n"
@@ -101,6 +107,9 @@ def test_bars_and_a_slider_from_workers(lab, tmp_path):
             page.locator(".rpcnb-status-item").click()
             panel = page.locator("#rpcnb-panel")
             expect(panel.locator("table.rpcnb-panel-members tr[data-member]")).to_have_count(3)
+            if not torch_has_cuda():  # each member's GPU memory, or that it has no GPU
+                expect(panel.locator("tr[data-member='worker1'] td[data-col='devices']")) \
+                    .to_have_text("cpu (no GPU)")
             widen(page, panel)
             shot = tmp_path / "notebook-with-panel.png"
             page.screenshot(path=str(shot))

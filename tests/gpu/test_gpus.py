@@ -177,3 +177,17 @@ def test_gpu_check_without_a_gpu_says_so_and_rehearses_every_step():
             in table["gpu tests"]), out[-3000:]
     assert "ok: no CUDA, nothing measured" in table["GPU benchmark"]
     assert all(f in out for f in files), "every gpu test's file ran, and said why it skipped"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_rpc_workers_shows_each_members_gpu_memory(kernel):
+    """A worker that allocates on its GPU shows it in %rpc_workers: allocated and reserved
+    grow, total is the device's."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1 --gpus auto")
+    kernel.execute("%%remote worker1\nimport torch\nbig = torch.ones(256, 1024, 1024, device='cuda')")
+    table = kernel.execute("%rpc_workers").text
+    row = next(ln for ln in table.splitlines() if ln.startswith("worker1"))
+    assert "cuda:0 1.0 GB alloc" in row, table
+    assert "reserved /" in row and "CUDA not initialised" not in row

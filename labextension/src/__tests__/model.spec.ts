@@ -113,9 +113,32 @@ describe('members table', () => {
       member('worker0', true, { me: true, recent_ms: null })
     );
     expect(cells[0]).toBe('worker0 (this kernel)');
-    expect(cells[5]).toBe('cpu');
+    expect(cells[5]).toBe('cpu (no GPU)');
     expect(cells[6]).toBe('alive');
     expect(cells[8]).toBe('');
+  });
+
+  it("shows each GPU's memory: allocated, reserved, total", () => {
+    const gpu = [
+      {
+        device: 'cuda:0',
+        allocated: 1536 * 2 ** 20,
+        reserved: 2 * 2 ** 30,
+        total: 80 * 2 ** 30
+      },
+      { device: 'cuda:1', allocated: 0, reserved: 0, total: null }
+    ];
+    const cells = memberCells(
+      member('worker1', true, {
+        devices: ['cuda:0', 'cuda:1'],
+        me: false,
+        memory: { gpu }
+      })
+    );
+    expect(cells[5]).toBe(
+      'cuda:0 1.5 GB alloc / 2.0 GB reserved / 80.0 GB; ' +
+        'cuda:1 0 B alloc / 0 B reserved / CUDA not initialised'
+    );
   });
 });
 
