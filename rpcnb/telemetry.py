@@ -36,6 +36,13 @@ class Record:
     ok: bool = True
     channel: str = ""  # "" when TensorPipe chose (see rpcnb.observe.channels), "rpcnb_shm", "zero_copy",
     # "ucx: tcp"
+    ran: float = 0.0  # seconds of ``duration`` that user code ran on the peer (a remote
+    # cell's body); the rest is the call's latency: in transit, and rpcnb's own work
+
+    @property
+    def latency(self) -> float:
+        """The call's time without the time its user code ran: transit and rpcnb."""
+        return max(self.duration - self.ran, 0.0)
 
 
 _lock = threading.Lock()
@@ -45,9 +52,10 @@ _listeners: list[Any] = []
 
 
 def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
-           ok: bool = True, channel: str = "") -> None:
-    """Add one record (and tell the listeners)."""
-    rec = Record(peer, op, start, duration, nbytes, ok, channel)
+           ok: bool = True, channel: str = "", ran: float = 0.0) -> None:
+    """Add one record (and tell the listeners); ``ran``: the part of ``duration`` that user
+    code ran on the peer, which latency figures leave out."""
+    rec = Record(peer, op, start, duration, nbytes, ok, channel, ran)
     with _lock:
         _records.append(rec)
         _counts[peer] = _counts.get(peer, 0) + 1
@@ -97,13 +105,14 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def summary(peer: str, recent: int = 20) -> dict[str, Any]:
-    """Calls to ``peer``: total count; p50/p95 latency (ms) and bytes/s over the records
-    kept; ``recent_ms``: the median of the last ``recent`` calls."""
+    """Calls to ``peer``: total count; p50/p95 latency (ms: the time in transit and in
+    rpcnb, without the time user code ran there) and bytes/s over the records kept;
+    ``recent_ms``: the median latency of the last ``recent`` calls."""
     with _lock:
         count = _counts.get(peer, 0)
         recs = [r for r in _records if r.peer == peer]
-    durs = sorted(r.duration for r in recs)
-    last = sorted(r.duration for r in recs[-recent:])
+    durs = sorted(r.latency for r in recs)
+    last = sorted(r.latency for r in recs[-recent:])
     moved = sum(r.nbytes for r in recs)
     busy = sum(r.duration for r in recs if r.nbytes)
     return {

@@ -49,6 +49,7 @@ class Call:
     done: bool = False
     outputs: int = 0  # output batches the worker sent before its result
     profile: dict[str, Any] | None = None  # with --profile: the worker's table and trace
+    ran: float = 0.0  # seconds the cell's code ran on the worker (its CellResult.duration)
     warned: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -262,7 +263,9 @@ class Sent:
                 s.calls.pop(cid, None)
         elapsed = time.perf_counter() - self.t0
         for call in self.calls.values():
-            telemetry.record(call.worker, "cell", self.start, elapsed, ok=call.error is None)
+            # the cell's own run on the worker is not latency: kept apart (telemetry.Record.ran)
+            telemetry.record(call.worker, "cell", self.start, elapsed, ok=call.error is None,
+                             ran=min(call.ran, elapsed))
 
     def interrupt(self, s: Session) -> None:
         """Interrupt the cell on every worker still running it (or drop it from their
@@ -495,6 +498,7 @@ def _check_call(s: Session, call: Call) -> None:
             return
         call.outputs = res.outputs
         call.profile = getattr(res, "profile", None)
+        call.ran = float(getattr(res, "duration", 0.0) or 0.0)
         if res.ok:
             call.result = res.value if res.has_value and res.rref is None else res.rref
         else:

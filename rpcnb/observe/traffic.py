@@ -104,7 +104,9 @@ class Traffic:
                          rec["nbytes"] / rec["duration"] if rec["duration"] > 0 else 0,
                          rec["channel"]])
                 continue
-            series.setdefault(rec["peer"], []).append([rec["start"], rec["duration"] * 1e3])
+            # latency: in transit and in rpcnb, not the time a remote cell's code ran
+            series.setdefault(rec["peer"], []).append(
+                [rec["start"], max(rec["duration"] - rec.get("ran", 0.0), 0.0) * 1e3])
         for peer, pts in curve.items():
             latest: dict[int, list[Any]] = {}
             for point in pts:  # the last probe of each size wins
