@@ -25,6 +25,7 @@ from rpcnb.cells import output
 from rpcnb.session import protocol, state
 
 KIND = "comm"  # an output item of this kind carries a comm message
+ORDER_WAIT = 2.0  # seconds the kernel waits for a worker to take what the front end said
 GONE = ("rpcnb: a widget made on {worker} was used, but {worker} is gone ({how}): its "
         "widgets no longer answer. Run the cell again on a live worker.")
 MISSING = ("{module} is not installed on {worker}: widgets made there need it in the "
@@ -245,13 +246,20 @@ def _to_worker(worker: str, cid: str, kind: str, msg: dict[str, Any]) -> None:
         _gone(worker, f"{type(exc).__name__}: {exc}")
         return
 
+    arrived = threading.Event()
+
     def done(f: Any) -> None:
         try:
             f.wait()
         except Exception as exc:
             _gone(worker, s.dead.get(worker) or f"{type(exc).__name__}: {exc}")
+        finally:
+            arrived.set()
 
     fut.add_done_callback(done)
+    # The widget has it before this kernel takes its next message (a cell run after the
+    # slider moved sees the new value), unless the worker takes longer than this to answer.
+    arrived.wait(ORDER_WAIT)
 
 
 def _gone(worker: str, how: str) -> None:
