@@ -173,7 +173,7 @@ gpu-check:
 # (torch's numpy). There: pip install --no-index --no-deps --target /tmp/site .gpu/whl/*.whl,
 # then PYTHONPATH=/tmp/site:$$PWD make gpu-check PY=python3.
 GPU_PYVER ?= 3.12
-GPU_WHEELS := ipykernel jupyter_client nbclient nbformat ipywidgets anywidget pytest-timeout
+GPU_WHEELS := ipykernel jupyter_client nbclient nbformat ipywidgets anywidget pytest-timeout tqdm
 gpu-wheels:
 	rm -rf .gpu/whl && mkdir -p .gpu/whl
 	$(PY) -m pip download -q --only-binary=:all: --python-version $(GPU_PYVER) \

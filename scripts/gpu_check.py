@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_MARK = re.compile(r"pytest\.mark\.gpu\b")
+LOG = ROOT / "bench" / "results" / "gpu-tests.log"
 
 
 def gpu_test_files() -> list[str]:
@@ -53,11 +54,17 @@ def main(argv: list[str] | None = None) -> int:
               "to check. Run it on a machine with a GPU (see GPU.md).")
         return 0
     files = gpu_test_files()
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "-m", "gpu", "-p",
                             "no:cacheprovider", *files], cwd=ROOT, capture_output=True,
                            text=True)
+    # the whole of pytest's output, kept: a crash's traceback is in the middle of it
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOG.write_text(tests.stdout + "\n--- stderr ---\n" + tests.stderr, encoding="utf-8")
     print(tests.stdout[-6000:], tests.stderr[-2000:])
-    summary = (tests.stdout.strip().splitlines() or ["(no summary)"])[-1]
+    print(f"(pytest's whole output: {LOG.relative_to(ROOT)})")
+    lines = tests.stdout.strip().splitlines()
+    summary = lines[-1] if lines and lines[-1].startswith("=") else (
+        f"pytest stopped (exit {tests.returncode}) before its summary: see {LOG.name}")
     bench = subprocess.run([sys.executable, "-m", "bench.gpu"], cwd=ROOT, capture_output=True,
                            text=True)
     print(bench.stdout[-4000:], bench.stderr[-2000:] if bench.returncode else "")

@@ -84,7 +84,7 @@ init_flags = _stack([
     argument("--collectives", default=None, choices=["gloo", "nccl", "auto"],
              help="the workers also form a torch.distributed process group (worker1 is "
                   "rank 0) for all_reduce, barrier, DDP; auto: nccl where every worker has "
-                  "a GPU, else gloo"),
+                  "a GPU of its own, else gloo"),
     argument("--collective-timeout", type=float, default=None, metavar="S",
              help="with --collectives: seconds a collective waits for every rank "
                   "(default 60)"),

@@ -36,9 +36,15 @@ NO_NCCL = (
     "--collectives nccl needs a CUDA device on every worker, and {names} have none: use "
     "--collectives gloo (or auto), or give the workers GPUs with --gpus."
 )
+SHARED_GPU = (
+    "--collectives nccl needs a GPU of its own for every rank, and {pairs}: NCCL refuses "
+    "two ranks on one GPU. Use --collectives gloo (auto picks it here), or give each "
+    "worker its own GPU (--gpus auto, on a machine with a GPU per worker)."
+)
+AUTO_GLOO = ", since {pairs}: NCCL takes one GPU per rank"
 REFORMED = ("rpcnb: the workers' process group was formed again ({backend}, {n} ranks): a "
             "collective that timed out leaves the ranks out of step.")
-FORMED = ("rpcnb: the workers form a process group ({backend}): {first}..{last} are ranks "
+FORMED = ("rpcnb: the workers form a process group ({backend}{why}): {first}..{last} are ranks "
           "0..{top}; a collective waits {timeout:g} s for every rank.")
 _generation = itertools.count(1)
 
@@ -62,11 +68,31 @@ def choose(backend: str, devices: dict[str, list[str]]) -> str:
     return backend
 
 
+def shared_gpus(gpus: dict[str, str | None]) -> str:
+    """The ranks that would share a GPU under NCCL, in words ("" when none do);
+    ``gpus``: worker -> the UUID of the GPU it would use (``gpu_for``)."""
+    by_gpu: dict[str, list[str]] = {}
+    for w, uuid in gpus.items():
+        if uuid is not None:
+            by_gpu.setdefault(uuid, []).append(w)
+    return "; ".join(f"{' and '.join(ws)} share one GPU" for ws in by_gpu.values()
+                     if len(ws) > 1)
+
+
 def form(s: Session, backend: str, workers: list[str], timeout: float = DEFAULT_TIMEOUT) -> str:
     """Make ``workers`` (in this order: ranks 0..n-1) a process group; on the leader."""
     with s.lock:
         devices = {w: list(s.members[w].devices) if w in s.members else [] for w in workers}
     chosen = choose(backend, devices)
+    why = ""
+    if chosen == "nccl":  # one GPU per rank, or NCCL fails at the first collective
+        asks = [protocol.call_async(s.token, w, "collectives_gpu", rank, timeout=60)
+                for rank, w in enumerate(workers)]
+        pairs = shared_gpus({w: fut.wait() for w, fut in zip(workers, asks)})
+        if pairs and backend == "nccl":
+            raise RpcnbError(SHARED_GPU.format(pairs=pairs))
+        if pairs:
+            chosen, why = "gloo", AUTO_GLOO.format(pairs=pairs)
     where = _store_spec(s)
     futures = [protocol.call_async(s.token, w, "collectives", chosen, rank, len(workers),
                                    where, float(timeout), timeout=timeout + 30)
@@ -76,7 +102,7 @@ def form(s: Session, backend: str, workers: list[str], timeout: float = DEFAULT_
     s.options[OPTION] = {"backend": chosen, "ranks": {w: r for r, w in enumerate(workers)},
                          "timeout": float(timeout)}
     s.reform_collectives = lambda: reform(s)  # type: ignore[attr-defined]
-    return FORMED.format(backend=chosen, first=workers[0], last=workers[-1],
+    return FORMED.format(backend=chosen, why=why, first=workers[0], last=workers[-1],
                          top=len(workers) - 1, timeout=timeout)
 
 
@@ -119,6 +145,23 @@ def _store_spec(s: Session) -> dict[str, Any]:
 # -- on a worker -------------------------------------------------------------------------
 
 
+def gpu_index(rank: int) -> int:
+    """The CUDA device this worker's rank uses under NCCL: its own GPU when rpcnb gave it
+    one (--gpus), else the rank's turn among the GPUs it sees (one GPU per rank)."""
+    import torch
+
+    return rank % max(1, torch.cuda.device_count())
+
+
+def gpu_for(rank: int) -> str | None:
+    """The UUID of the GPU ``rank`` would use under NCCL (None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return str(torch.cuda.get_device_properties(gpu_index(rank)).uuid)
+
+
 def join(s: Session, backend: str, rank: int, world: int, where: dict[str, Any],
          timeout: float) -> int:
     """This worker becomes ``rank`` of the workers' process group (blocks until all have)."""
@@ -136,11 +179,11 @@ def join(s: Session, backend: str, rank: int, world: int, where: dict[str, Any],
             host, int(port), is_master=False, timeout=limit))
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=limit)
-    if backend == "nccl":
+    if backend == "nccl":  # before the group forms: NCCL binds each rank to its device
         import torch
 
-        torch.cuda.set_device(0)  # a worker numbers its GPUs from cuda:0
+        torch.cuda.set_device(gpu_index(rank))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=limit)
     return rank
 
 

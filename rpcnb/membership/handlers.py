@@ -73,6 +73,11 @@ def collectives_join(s: Session, backend: str, rank: int, world: int, where: dic
     return collectives.join(s, backend, rank, world, where, timeout)
 
 
+def collectives_gpu(s: Session, rank: int) -> str | None:
+    """The UUID of the GPU this worker would use as ``rank`` under NCCL (None: no CUDA)."""
+    return collectives.gpu_for(rank)
+
+
 def collectives_end(s: Session) -> None:
     """Leave the workers' process group (it is formed again)."""
     collectives.end()
@@ -176,6 +181,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "comm": comm,
     "collectives": collectives_join,
     "collectives_end": collectives_end,
+    "collectives_gpu": collectives_gpu,
     "unpark": unpark,
     "register": register,
     "registry": registry,

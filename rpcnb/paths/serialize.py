@@ -240,6 +240,8 @@ def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
         shared = zerocopy.export(tensor)
         if shared is not None:
             return shared
+    elif tensor.data_ptr() == 0:
+        return _empty_device_tensor(tensor)
     if shm.wants(tensor):
         start, t0 = telemetry.now(), time.perf_counter()
         reduced = shm.export(tensor)
@@ -253,6 +255,30 @@ def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
         if reduced is not None:
             return reduced
     return fallback(tensor)
+
+
+def _empty_device_tensor(tensor: Any) -> tuple[Any, tuple[Any, ...]]:
+    """An empty CUDA tensor (or CuPy array) owns no memory: TensorPipe's CUDA channels ask
+    the driver which device its null pointer is on, and abort the sending process (torch
+    2.11-2.14). It travels as its shape and dtype, made empty again on the device the
+    device map gives it (the same device for a reply; the host where the receiver lacks it)."""
+    from rpcnb.wire import _torch
+
+    device = str(tensor.device)
+    peer = telemetry.current_peer()
+    if peer:
+        device = _torch.cuda_routes()[0].get(peer, {}).get(device, device)
+    return _rebuild_empty, (tuple(tensor.shape), tensor.dtype, device, tensor.requires_grad)
+
+
+def _rebuild_empty(shape: tuple[int, ...], dtype: Any, device: str, requires_grad: bool) -> Any:
+    import torch
+
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            device = "cpu"
+    return torch.empty(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
 
 
 def _reduce_method(m: types.MethodType) -> tuple[Any, tuple[Any, str]]:

@@ -57,7 +57,7 @@ UCX_CELLS = [
     "%rpc_channels",
     "%rpc_shutdown",
 ]
-NO_UCX = "the ucx extra is not installed: pip install -e '.[test]' (ucxx-cu12)"
+NO_UCX = "the ucx extra is not installed: pip install -e '.[test,ucx]' (ucxx-cu12)"
 
 
 @contextlib.contextmanager

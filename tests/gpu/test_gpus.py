@@ -191,3 +191,69 @@ def test_rpc_workers_shows_each_members_gpu_memory(kernel):
     row = next(ln for ln in table.splitlines() if ln.startswith("worker1"))
     assert "cuda:0 1.0 GB alloc" in row, table
     assert "reserved /" in row and "CUDA not initialised" not in row
+
+
+# -- collectives under NCCL --------------------------------------------------------------
+
+COLL = "import torch\nimport torch.distributed as dist\n"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_nccl_all_reduces_cuda_tensors_with_a_gpu_per_rank(kernel):
+    """As many workers as GPUs (one on a one-GPU machine): nccl forms, each rank on a GPU
+    of its own; all_reduce of CUDA tensors and DDP on CUDA work next to RPC."""
+    n = _gpus()
+    kernel.execute("%load_ext rpcnb")
+    out = kernel.execute(f"%rpc_init --workers {n} --collectives nccl --collective-timeout 20")
+    assert "the workers form a process group (nccl)" in out.stdout, out.stdout + out.stderr
+    got = kernel.execute("%%remote --all --fetch\n" + COLL +
+                         "t = torch.ones(4, device='cuda') * (dist.get_rank() + 1)\n"
+                         "dist.all_reduce(t)\n"
+                         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                         "m = DDP(torch.nn.Linear(4, 1).cuda())\n"
+                         "m(torch.randn(8, 4, device='cuda')).sum().backward()\n"
+                         "(dist.get_backend(), torch.cuda.current_device(), float(t[0]), "
+                         "m.module.weight.grad.is_cuda)", timeout=180)
+    results = eval(got.text)  # noqa: S307 - the kernel's own output
+    assert len(results) == n, got.text
+    want = float(n * (n + 1) // 2)
+    for backend, _device, total, grad_on_gpu in results.values():
+        assert backend == "nccl" and total == want and grad_on_gpu, got.text
+    kernel.execute("%rpc_shutdown")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_nccl_with_more_workers_than_gpus_is_refused_and_auto_takes_gloo(kernel):
+    """NCCL takes one GPU per rank: with more workers than GPUs, nccl is refused at start
+    with a sentence naming the workers that would share one; auto picks gloo, says why."""
+    n = _gpus() + 1
+    kernel.execute("%load_ext rpcnb")
+    out = kernel.execute(f"%rpc_init --workers {n} --collectives nccl", allow_error=True)
+    assert "share one GPU" in out.stderr and "--collectives gloo" in out.stderr, out.stderr
+    assert "rpc_init" in kernel.execute("%rpc_workers", allow_error=True).stderr  # none left
+    out = kernel.execute(f"%rpc_init --workers {n} --collectives auto --collective-timeout 20")
+    assert "process group (gloo, since" in out.stdout and "share one GPU" in out.stdout, out.stdout
+    got = kernel.execute("%%remote --all --fetch\n" + COLL +
+                         "t = torch.ones(1)\ndist.all_reduce(t)\nfloat(t)", timeout=120)
+    assert set(eval(got.text).values()) == {float(n)}, got.text  # noqa: S307
+    kernel.execute("%rpc_shutdown")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_empty_cuda_tensors_travel_and_keep_their_device(kernel):
+    """An empty CUDA tensor owns no memory, and TensorPipe aborts the sending process on
+    its null pointer: in an rpcnb group it arrives, empty, on the mapped device."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2 --gpus auto --device-map auto")
+    kernel.execute("import torch\ne = torch.empty(0, 3, device='cuda:0')")
+    out = kernel.execute("%%remote worker1 --push e --fetch\n"
+                         "import torch.distributed.rpc as rpc\n"
+                         "def same(x):\n    return x\n"
+                         "back = rpc.rpc_sync('worker2', same, args=(e,))\n"
+                         "(str(e.device), tuple(e.shape), str(back.device), tuple(back.shape))")
+    assert out.text == "('cuda:0', (0, 3), 'cuda:0', (0, 3))", out.text + out.stderr
+    assert kernel.execute("%%remote worker1 --fetch\nback.dtype").text == "torch.float32"
+    kernel.execute("%rpc_shutdown")

@@ -38,8 +38,9 @@ from rpcnb.session import state
 from rpcnb.wire import options
 
 # not imported here: rpcnb sets UCX's environment up before ucxx loads (its warnings off)
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ucxx") is None,
-                                reason="the ucx extra is not installed: pip install -e '.[test]'")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ucxx") is None,
+    reason=f"the ucx extra is not installed: pip install -e '.[test,{options.ucx_extra()}]'")
 
 MB = 1 << 20
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
