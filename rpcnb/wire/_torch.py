@@ -90,6 +90,31 @@ def init_rpc_with_store(name: str, rank: int, store: Any, options: Any) -> None:
                           prefixed, name, rank, None, options)
 
 
+def teach_reverse_maps() -> None:
+    """Give every earlier member the reverse of this member's device map onto it.
+
+    A member that replies with a CUDA tensor maps it back with the reverse of the
+    caller's map. In a dynamic group torch computes those reverse maps for the joiner
+    only, and hands the earlier members the joiner's own (keyed by their names: torch
+    2.11-2.14, backend_registry._set_devices_and_reverse_device_map), so an earlier member
+    could not reply to a later one with a CUDA tensor ("Response device mapping is not
+    available for destination ..."), or to whichever of two workers started second."""
+    me = agent().get_worker_info()
+    maps = agent()._get_backend_options().device_maps
+    for info in agent().get_worker_infos():
+        onto = maps.get(info.name)
+        if info.name != me.name and onto:
+            reverse = {theirs: mine for mine, theirs in onto.items()}
+            rpc.rpc_sync(info.name, learn_reverse_map, args=(me, reverse))
+
+
+def learn_reverse_map(joiner: Any, reverse: dict[Any, Any]) -> None:
+    """On an earlier member: replies to ``joiner`` go back through ``reverse`` (its map
+    onto this member, reversed), and this member's devices include those it sends from."""
+    agent()._update_group_membership(joiner, sorted(set(reverse), key=str),
+                                     {joiner.name: reverse}, True)
+
+
 # TensorPipe reads TP_SOCKET_IFNAME once per process (a function-static in
 # TensorPipeAgent::guessAddress, torch 2.11, 2.13): every agent after the first listens on
 # the address the first one found.

@@ -257,3 +257,29 @@ def test_empty_cuda_tensors_travel_and_keep_their_device(kernel):
     assert out.text == "('cuda:0', (0, 3), 'cuda:0', (0, 3))", out.text + out.stderr
     assert kernel.execute("%%remote worker1 --fetch\nback.dtype").text == "torch.float32"
     kernel.execute("%rpc_shutdown")
+
+
+PAIRS = ("import torch\nimport torch.distributed.rpc as rpc\n"
+         "def double(x):\n    return x * 2\n"
+         "me = rpc.get_worker_info().name\n"
+         "peers = sorted(i.name for i in rpc.api._get_current_rpc_agent().get_worker_infos()"
+         " if i.name != me)\n"
+         "got = {p: str(rpc.rpc_sync(p, double, args=(t,)).device) for p in peers}\n")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_every_member_replies_with_cuda_tensors_to_every_other(kernel):
+    """CUDA tensors both ways between every ordered pair of members, whichever joined
+    first: torch's dynamic groups leave an earlier member without the reverse map of a
+    later one's device map, so its reply with a CUDA tensor failed."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2 --gpus auto --device-map auto")
+    kernel.execute("import torch\nt = torch.ones(4, device='cuda:0')")
+    here = kernel.execute(PAIRS + "got")
+    assert here.text == "{'worker1': 'cuda:0', 'worker2': 'cuda:0'}", here.text + here.stderr
+    there = kernel.execute("%%remote --all --push t --fetch\n" + PAIRS + "got")
+    assert eval(there.text) == {  # noqa: S307 - the kernel's own output
+        "worker1": {"worker0": "cuda:0", "worker2": "cuda:0"},
+        "worker2": {"worker0": "cuda:0", "worker1": "cuda:0"}}, there.text + there.stderr
+    kernel.execute("%rpc_shutdown")
