@@ -34,6 +34,7 @@ FIGURES = {
     "05_federated_averaging": 1,  # FedAvg per round against its baselines
     "06_pipeline": 1,  # the two schedules' timelines
     "07_channels_and_device_maps": 1,  # probe round trip and bandwidth by size and path
+    "08_ddp_parameter_server": 1,  # loss per epoch of each DDP trainer
 }
 CELL_TIMEOUT = 180  # seconds per cell
 NOTEBOOK_LIMIT = 180.0  # seconds for a whole notebook, kernel start included
@@ -282,6 +283,40 @@ def check_channels_and_device_maps(run: Run) -> None:
         assert "problem: worker2 has no CUDA devices, so the map for worker2 cannot land on" in text
 
 
+def check_ddp_parameter_server(run: Run) -> None:
+    text = run.text
+    # the workers' process group, and the trainers' subgroup that leaves the server out
+    assert "the workers form a process group (gloo): worker1..worker3 are ranks 0..2" in text
+    for name, rank, sub in (("worker1", 0, -1), ("worker2", 1, 0), ("worker3", 2, 1)):
+        assert (f"'{name}': {{'rank': {rank}, 'world size': 3, "
+                f"'rank among the trainers': {sub}}}") in text, text
+    # the embedding table on the server; each trainer optimizes it and its own dense layer
+    assert "RemoteModule on worker1, device cpu" in text
+    assert "RRef on worker1: torch.nn.modules.sparse.EmbeddingBag" in text
+    assert "[worker2] trainer 0: 3 parameters, owned by ['worker1', 'worker2']" in text
+    assert "[worker3] trainer 1: 3 parameters, owned by ['worker1', 'worker3']" in text
+    # both trained (their tqdm bars ran to the end), and both losses fell
+    for trainer in ("worker2", "worker3"):
+        assert f"[{trainer}] epochs: 100%" in text, text
+        assert f"[{trainer}] 300 steps in " in text, text
+        first = run.number(rf"{trainer} loss: first epoch ([\d.]+)")
+        last = run.number(rf"{trainer} loss: first epoch [\d.]+, last epoch ([\d.]+)")
+        assert last < first / 2, f"{trainer}'s loss did not fall enough: {first} -> {last}"
+    # one model in two places: DDP kept the dense replicas equal, the table is shared
+    accuracy = {t: run.number(rf"{t}: test accuracy ([\d.]+)") for t in ("worker2", "worker3")}
+    assert accuracy["worker2"] == accuracy["worker3"] >= 0.7, accuracy
+    assert "dense weights equal on both trainers: True" in text
+    assert "embedding table, fetched from worker1: (100, 16)" in text
+    # the profiled step: each trainer's top operators, with the distributed backward
+    for trainer in ("worker2", "worker3"):
+        table = text.split(f"[{trainer}] top operators (CPU self time):\n", 1)
+        assert len(table) == 2, text
+        assert "torch::distributed::autograd::backward" in table[1].split("Self CPU time total")[0]
+        assert re.search(rf"\[{trainer}\] trace: \S+/{trainer}\.json", text), text
+    assert "all workers on one timeline: " in text
+    assert "rpcnb: left the group" in text
+
+
 CHECKS: dict[str, Callable[[Run], None]] = {
     "01_quickstart": check_quickstart,
     "02_cuda_rpc": check_cuda_rpc,
@@ -290,6 +325,7 @@ CHECKS: dict[str, Callable[[Run], None]] = {
     "05_federated_averaging": check_federated_averaging,
     "06_pipeline": check_pipeline,
     "07_channels_and_device_maps": check_channels_and_device_maps,
+    "08_ddp_parameter_server": check_ddp_parameter_server,
 }
 
 

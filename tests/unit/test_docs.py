@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FIGURES = {"03_parameter_server": 1, "04_a3c": 1, "05_federated_averaging": 1,
-           "06_pipeline": 1, "07_channels_and_device_maps": 1}  # as in test_notebooks.py
+           "06_pipeline": 1, "07_channels_and_device_maps": 1,
+           "08_ddp_parameter_server": 1}  # as in test_notebooks.py
 BUILD_TIMEOUT = 240  # seconds; about 10 s on the reference machine
 
 
