@@ -78,6 +78,12 @@ def collectives_gpu(s: Session, rank: int) -> str | None:
     return collectives.gpu_for(rank)
 
 
+def reverse_map(s: Session, joiner: Any, reverse: dict[Any, Any]) -> None:
+    """A later member's device map onto this one, reversed: replies to it with CUDA
+    tensors go back through it (``rpcnb.wire._torch.reverse_maps_to_teach``)."""
+    _torch.learn_reverse_map(joiner, reverse)
+
+
 def collectives_end(s: Session) -> None:
     """Leave the workers' process group (it is formed again)."""
     collectives.end()
@@ -182,6 +188,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "collectives": collectives_join,
     "collectives_end": collectives_end,
     "collectives_gpu": collectives_gpu,
+    "reverse_map": reverse_map,
     "unpark": unpark,
     "register": register,
     "registry": registry,

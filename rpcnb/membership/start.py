@@ -81,8 +81,9 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
         rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
     else:
         _torch.init_rpc_with_store(name, rank, store, backend)
-    if backend.device_maps:  # before anyone replies with a CUDA tensor
-        _torch.teach_reverse_maps()
+    if backend.device_maps:  # before anyone replies with a CUDA tensor (_torch's why)
+        for peer, me, reverse in _torch.reverse_maps_to_teach():
+            protocol.call(s.token, peer, "reverse_map", me, reverse, timeout=30)
     s.teardown.push("torch's RPC agent",
                     lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
     _torch.note_interface(iface)

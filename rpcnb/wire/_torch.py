@@ -90,8 +90,9 @@ def init_rpc_with_store(name: str, rank: int, store: Any, options: Any) -> None:
                           prefixed, name, rank, None, options)
 
 
-def teach_reverse_maps() -> None:
-    """Give every earlier member the reverse of this member's device map onto it.
+def reverse_maps_to_teach() -> list[tuple[str, Any, dict[Any, Any]]]:
+    """What this member must tell every earlier one: ``(peer, this member's WorkerInfo,
+    the reverse of this member's device map onto the peer)``.
 
     A member that replies with a CUDA tensor maps it back with the reverse of the
     caller's map. In a dynamic group torch computes those reverse maps for the joiner
@@ -101,11 +102,9 @@ def teach_reverse_maps() -> None:
     available for destination ..."), or to whichever of two workers started second."""
     me = agent().get_worker_info()
     maps = agent()._get_backend_options().device_maps
-    for info in agent().get_worker_infos():
-        onto = maps.get(info.name)
-        if info.name != me.name and onto:
-            reverse = {theirs: mine for mine, theirs in onto.items()}
-            rpc.rpc_sync(info.name, learn_reverse_map, args=(me, reverse))
+    return [(info.name, me, {theirs: mine for mine, theirs in maps[info.name].items()})
+            for info in agent().get_worker_infos()
+            if info.name != me.name and maps.get(info.name)]
 
 
 def learn_reverse_map(joiner: Any, reverse: dict[Any, Any]) -> None:
