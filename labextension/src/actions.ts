@@ -6,6 +6,24 @@
 import { NotebookActions } from '@jupyterlab/notebook';
 
 import { ActionArgs, Link } from './comm';
+import { pendingText } from './model';
+
+/** Put ``text`` on the clipboard: the Clipboard API where the page may use it, else a
+ * selected textarea and the copy command. */
+async function copyText(text: string): Promise<boolean> {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch (err) {
+    const area = document.createElement('textarea');
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand('copy');
+    area.remove();
+    return ok;
+  }
+}
 
 /** The buttons under a live group, in order. */
 export const GROUP_ACTIONS: {
@@ -13,6 +31,8 @@ export const GROUP_ACTIONS: {
   action: string;
   args: ActionArgs;
 }[] = [
+  { label: 'Add a worker', action: 'add', args: { n: 1 } },
+  { label: 'Copy join line', action: 'join', args: {} },
   { label: 'Probe', action: 'probe', args: {} },
   { label: 'Channel monitor', action: 'open', args: { what: 'channels' } },
   { label: 'Device maps', action: 'open', args: { what: 'devmap' } },
@@ -26,10 +46,15 @@ export async function runAction(
   action: string,
   args: ActionArgs = {}
 ): Promise<void> {
-  note.textContent = `${action}...`;
+  const busy = link.conn.state === 'live' && Boolean(link.conn.snapshot.busy);
+  note.textContent = pendingText(action, busy);
+  note.classList.remove('rpcnb-panel-error');
   const reply = await link.act(action, args);
   note.textContent = reply.message ?? '';
   note.classList.toggle('rpcnb-panel-error', !reply.ok);
+  if (reply.ok && reply.copy !== undefined && !(await copyText(reply.copy))) {
+    note.textContent = `copy this line by hand: ${reply.copy}`;
+  }
   const nb = link.notebookPanel;
   if (reply.ok && reply.insert && nb) {
     // "open": a cell with the magic, added at the end of the notebook and run

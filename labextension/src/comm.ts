@@ -29,6 +29,8 @@ export interface IReply {
   message?: string;
   /** "open": the code of a cell to add at the end of the notebook and run. */
   insert?: string;
+  /** "join": the line to put on the clipboard. */
+  copy?: string;
 }
 
 /** What the kernel sends over the comm. */
@@ -40,6 +42,68 @@ export type Incoming =
 export type Outgoing =
   | { type: 'watch'; detail: Detail }
   | ({ type: 'action'; action: string; id: number } & ActionArgs);
+
+/** How long the kernel has to answer a subshell request before the main shell is used. */
+const SUBSHELL_WAIT_MS = 5000;
+
+/** A new subshell of ``kernel`` (its id), or null where it has none. Asked on the
+ * control channel, which a kernel answers while a cell runs. */
+async function askSubshell(
+  kernel: Kernel.IKernelConnection
+): Promise<string | null> {
+  const known = await Promise.race([
+    kernel.info.then(() => true),
+    new Promise<boolean>(resolve => setTimeout(() => resolve(false), 300))
+  ]);
+  if (known && !kernel.supportsSubshells) {
+    return null;
+  }
+  try {
+    const msg = KernelMessage.createMessage({
+      msgType: 'create_subshell_request',
+      channel: 'control',
+      username: kernel.username,
+      session: kernel.clientId,
+      content: {}
+    });
+    const future = kernel.sendControlMessage(msg, true, true);
+    const reply = await Promise.race([
+      future.done,
+      new Promise<null>(resolve =>
+        setTimeout(() => resolve(null), SUBSHELL_WAIT_MS)
+      )
+    ]);
+    const content = reply?.content as
+      { status?: string; subshell_id?: string } | undefined;
+    return content?.status === 'ok' && content.subshell_id
+      ? content.subshell_id
+      : null;
+  } catch (err) {
+    return null; // a kernel without subshells: the main shell
+  }
+}
+
+/** Give a subshell back (nothing for null, or a kernel that is gone). */
+async function dropSubshell(
+  kernel: Kernel.IKernelConnection,
+  subshell: string | null
+): Promise<void> {
+  if (!subshell || kernel.isDisposed) {
+    return;
+  }
+  try {
+    const msg = KernelMessage.createMessage({
+      msgType: 'delete_subshell_request',
+      channel: 'control',
+      username: kernel.username,
+      session: kernel.clientId,
+      content: { subshell_id: subshell }
+    });
+    await kernel.sendControlMessage(msg, true, true).done;
+  } catch (err) {
+    // the kernel restarted or went away: its subshells went with it
+  }
+}
 
 /**
  * The comm to the active notebook's kernel, re-opened when the notebook, its kernel or
@@ -55,6 +119,7 @@ export class Link {
   private detail: Detail = 'summary';
   private nextId = 1;
   private pending = new Map<number, (reply: IReply) => void>();
+  private subshells = new Map<Kernel.IComm, string | null>();
   // set by a kernel restart: connect again once the new kernel is idle (only then: a
   // kernel without rpcnb answers each open with a close, and every open makes it busy
   // and idle again, so opening on every idle would never stop)
@@ -120,7 +185,7 @@ export class Link {
       this.set({ state: 'connecting' });
     } else if (status === 'idle' && this.reopen && this.kernel && !this.comm) {
       this.reopen = false;
-      this.open();
+      void this.open();
     }
   }
 
@@ -148,7 +213,7 @@ export class Link {
     }
     kernel.registerCommTarget(TARGET, this.onHello); // an older rpcnb's hello
     kernel.iopubMessage.connect(this.onIopub, this);
-    this.open();
+    void this.open();
   }
 
   /** The kernel's hello: a comm message on HELLO_ID (see rpcnb.frontend.panel). */
@@ -163,7 +228,7 @@ export class Link {
       !this.kernel.isDisposed
     ) {
       this.closeComm();
-      this.open();
+      void this.open();
     }
   }
 
@@ -172,23 +237,30 @@ export class Link {
     comm.onClose = () => undefined;
     if (this.kernel && !this.kernel.isDisposed) {
       this.closeComm();
-      this.open();
+      void this.open();
     }
   };
 
-  private open(): void {
+  private async open(): Promise<void> {
     const kernel = this.kernel;
     if (!kernel || kernel.isDisposed) {
       return;
     }
     this.set({ state: 'connecting' });
+    // The panel's comm lives on a kernel subshell of its own (ipykernel 7+), so that its
+    // opening, its snapshots and its actions are handled while a cell runs on the main
+    // shell. JupyterLab's own comms-over-subshells waits for the kernel's info first,
+    // which a busy kernel gives only when its cell ends (the panel said "Asking the
+    // kernel..." all along), and shares one subshell per target, which a reopening comm
+    // can lose: so the comm is made without, and given a subshell asked for here on the
+    // control channel (answered while the main shell is busy). A kernel without
+    // subshells: the main shell, after the running cell.
+    const subshell = await askSubshell(kernel);
+    if (kernel !== this.kernel || kernel.isDisposed) {
+      void dropSubshell(kernel, subshell);
+      return;
+    }
     let comm: Kernel.IComm;
-    // JupyterLab 4.6 sends a comm's messages over one kernel subshell per comm target,
-    // reference-counted; a comm that joins the target's subshell while the last one's
-    // close is deleting it (the kernel's hello does exactly that) sends into a deleted
-    // subshell, and the kernel drops its messages. This comm uses the main shell (its
-    // actions wait for a running cell to end): createComm takes the kernel's setting
-    // from this field, set only for this call so that no other comm is touched.
     const k = kernel as unknown as { _commsOverSubshells?: string };
     const saved = k._commsOverSubshells;
     try {
@@ -197,6 +269,7 @@ export class Link {
       }
       comm = kernel.createComm(TARGET);
     } catch (err) {
+      void dropSubshell(kernel, subshell);
       this.set({ state: 'not-loaded' });
       return;
     } finally {
@@ -204,11 +277,19 @@ export class Link {
         k._commsOverSubshells = saved;
       }
     }
+    if (subshell) {
+      // the field CommHandler sends every message of the comm on (services 4.4+)
+      (comm as unknown as { _subshellId: string | null })._subshellId =
+        subshell;
+    }
+    this.subshells.set(comm, subshell);
+    const previous = this.comm;
     this.comm = comm;
     comm.onMsg = (msg: KernelMessage.ICommMsgMsg) =>
       this.receive(msg.content.data as unknown as Incoming);
     comm.onClose = () => {
       // the kernel has no such target (rpcnb not loaded) or went away
+      this.forget(kernel, comm);
       if (this.comm === comm) {
         this.comm = null;
         this.set(
@@ -216,18 +297,36 @@ export class Link {
         );
       }
     };
+    if (previous && !previous.isDisposed) {
+      this.closeOne(previous);
+    }
     comm.open({ detail: this.detail, protocol: PROTOCOL });
+  }
+
+  private closeOne(comm: Kernel.IComm): void {
+    comm.onClose = () => undefined;
+    try {
+      comm.close();
+    } catch (err) {
+      // the kernel is gone already
+    }
+    if (this.kernel) {
+      this.forget(this.kernel, comm);
+    }
+  }
+
+  /** The comm is closed: its subshell goes too. */
+  private forget(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): void {
+    const subshell = this.subshells.get(comm);
+    this.subshells.delete(comm);
+    void dropSubshell(kernel, subshell ?? null);
   }
 
   private closeComm(): void {
     const comm = this.comm;
     this.comm = null;
     if (comm && !comm.isDisposed) {
-      try {
-        comm.close();
-      } catch (err) {
-        // the kernel is gone already
-      }
+      this.closeOne(comm);
     }
     for (const resolve of this.pending.values()) {
       resolve({ ok: false, message: 'the kernel went away' });

@@ -21,6 +21,8 @@ export interface IMember {
   calls: number;
   recent_ms: number | null;
   me: boolean;
+  /** it runs a remote cell of this kernel's now (the interrupt button) */
+  running?: boolean;
   memory?: { rss?: number; shm?: number; gpu?: IGpuMemory[] };
 }
 
@@ -109,6 +111,8 @@ export interface ISnapshot {
   message: string;
   traffic?: ITraffic | null;
   rrefs?: IRRef[];
+  /** a cell runs in the kernel: actions that wait for it say so */
+  busy?: boolean;
 }
 
 /** Where the panel's connection to the active kernel stands. */
@@ -124,6 +128,7 @@ export const TEXT = {
     'No notebook has focus: the panel follows the notebook you work in.',
   noKernel: 'This notebook has no running kernel.',
   connecting: 'Asking the kernel for its group...',
+  busy: 'A cell is running in this notebook.',
   notLoaded:
     'rpcnb is not loaded in this kernel: run %load_ext rpcnb in the notebook, then %rpc_init --workers 2.',
   newerProtocol:
@@ -182,7 +187,10 @@ export function describe(conn: Connection): string {
         return snap.message;
       }
       const g = snap.group;
-      return `Group of ${g.size} led by ${g.leader}; this kernel is ${g.me}.`;
+      return (
+        `Group of ${g.size} led by ${g.leader}; this kernel is ${g.me}.` +
+        (snap.busy ? ` ${TEXT.busy}` : '')
+      );
     }
   }
 }
@@ -215,6 +223,51 @@ export const MEMBER_COLUMNS = [
   'calls',
   'recent'
 ];
+
+/** The members table's columns; the other facts of a member (MEMBER_DETAILS) go on a
+ * line under its name, so the table reads at JupyterLab's default sidebar width. */
+export const MEMBER_SHOWN = ['name', 'alive', 'calls', 'recent'];
+export const MEMBER_DETAILS = ['kind', 'rank', 'pid', 'host', 'devices'];
+
+/** One of a member's buttons in the panel. */
+export interface IMemberAction {
+  action: 'restart' | 'interrupt';
+  label: string;
+  title: string;
+  enabled: boolean;
+}
+
+/** The buttons of a member's row: restart and interrupt, for the workers this kernel's
+ * group started (not this kernel, joined kernels or engines). */
+export function memberActions(m: IMember): IMemberAction[] {
+  if (m.me || m.kind !== 'process') {
+    return [];
+  }
+  return [
+    {
+      action: 'interrupt',
+      label: 'interrupt',
+      title: m.running
+        ? `Interrupt the cell ${m.name} runs for this notebook (KeyboardInterrupt there; its namespace stays)`
+        : `${m.name} runs no cell of this notebook's`,
+      enabled: Boolean(m.running) && m.alive
+    },
+    {
+      action: 'restart',
+      label: 'restart',
+      title: `Start ${m.name} again as a new process (its namespace starts empty)`,
+      enabled: true
+    }
+  ];
+}
+
+/** What the note says while an action waits for the kernel. */
+export function pendingText(action: string, busy: boolean): string {
+  const waits = ['start', 'shutdown', 'fetch', 'free', 'add', 'open'];
+  return busy && waits.includes(action)
+    ? `${action}: waits for the running cell to end...`
+    : `${action}...`;
+}
 
 /** A size in bytes as a person reads it. */
 export function bytes(n: number | undefined): string {

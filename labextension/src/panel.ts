@@ -13,6 +13,9 @@ import {
   describe,
   ISnapshot,
   MEMBER_COLUMNS,
+  MEMBER_DETAILS,
+  MEMBER_SHOWN,
+  memberActions,
   memberCells,
   rrefWhat,
   sparkline,
@@ -122,18 +125,47 @@ export class RpcPanel extends Widget {
   private members(snap: ISnapshot): HTMLElement {
     const table = el('table', 'rpcnb-panel-members');
     const tr = el('tr');
-    for (const c of MEMBER_COLUMNS) {
+    for (const c of MEMBER_SHOWN) {
       tr.append(el('th', '', c));
     }
     table.append(tr);
     for (const m of snap.members) {
       const row = el('tr', m.alive ? 'rpcnb-alive' : 'rpcnb-dead');
       row.dataset.member = m.name;
-      memberCells(m).forEach((text, i) => {
-        const td = el('td', '', text);
-        td.dataset.col = MEMBER_COLUMNS[i];
+      const cells = memberCells(m);
+      const text = (col: string) => cells[MEMBER_COLUMNS.indexOf(col)];
+      for (const col of MEMBER_SHOWN) {
+        const td = el('td', '', col === 'name' ? '' : text(col));
+        td.dataset.col = col;
         row.append(td);
+      }
+      // the name cell: the name, a line of details, the member's buttons
+      const name = row.firstElementChild as HTMLElement;
+      name.append(el('div', 'rpcnb-member-name', text('name')));
+      const details = el('div', 'rpcnb-member-details');
+      MEMBER_DETAILS.forEach((col, i) => {
+        const label = col === 'rank' || col === 'pid' ? `${col} ` : '';
+        if (i) {
+          details.append(' · ');
+        }
+        const span = el('span', '', text(col));
+        span.dataset.col = col;
+        details.append(label, span);
       });
+      name.append(details);
+      const buttons = memberActions(m);
+      if (buttons.length) {
+        const box = el('div', 'rpcnb-member-actions');
+        for (const b of buttons) {
+          const button = el('button', 'jp-Button rpcnb-panel-button', b.label);
+          button.dataset.action = b.action;
+          button.title = b.title;
+          button.disabled = !b.enabled;
+          button.onclick = () => void this.run(b.action, { member: m.name });
+          box.append(button);
+        }
+        name.append(box);
+      }
       const series = snap.traffic?.series?.[m.name];
       if (series && series.length) {
         const svg = document.createElementNS(
@@ -141,13 +173,13 @@ export class RpcPanel extends Widget {
           'svg'
         );
         svg.setAttribute('class', 'rpcnb-panel-spark');
-        svg.setAttribute('width', '60');
+        svg.setAttribute('width', '48');
         svg.setAttribute('height', '14');
         const line = document.createElementNS(
           'http://www.w3.org/2000/svg',
           'polyline'
         );
-        line.setAttribute('points', sparkline(series, 60, 14));
+        line.setAttribute('points', sparkline(series, 48, 14));
         svg.append(line);
         row.lastElementChild?.append(svg);
       }

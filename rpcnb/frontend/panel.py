@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import keyword
 import queue
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import errors, telemetry
 from rpcnb.frontend import rrefs
+from rpcnb.frontend.held import Held, drop, find_rrefs
 from rpcnb.sandbox import isolation
 from rpcnb.session import state
 from rpcnb.wire import options
@@ -38,14 +38,20 @@ REMOTE_EVERY = 5.0  # seconds between asking the others for their calls (the cha
 SERIES_SECONDS = 300.0  # the latency charts' span
 SERIES_POINTS = 120  # points per peer at most
 DESCRIBE_RETRY = 30.0  # seconds before an RRef that could not be described is asked again
-MAX_ITEMS = 10_000  # a dict or list longer than this is not searched for RRefs
-IPYTHON_OUTPUTS = ("_", "__", "___")  # IPython's last outputs (also kept by its displayhook)
 
 NO_GROUP = "No group in this kernel: start one below, or run %rpc_init --workers 2."
 BAD_VARIABLE = "{name!r} is not a valid Python variable name: use letters, digits and _."
 GONE = "This RRef is no longer held by this kernel (the panel showed an older picture)."
 BAD_WORKERS = "The number of workers must be a whole number from 0 to 64, not {value!r}."
 UNKNOWN_ACTION = "The panel asked for {action!r}, which this rpcnb does not know: upgrade rpcnb."
+NOT_A_WORKER = "{name!r} is no worker of this group (its members: {members})."
+NOT_MINE = ("{name} is {what}: restart and interrupt act on the workers this kernel "
+            "started (the leader's, from its notebook).")
+BAD_ADD = "The number of workers to add must be a whole number from 1 to 64, not {value!r}."
+# Actions that change this kernel's namespace or the group's size wait until no cell runs
+# (the kernel's main thread owns both then); the others (interrupt, restart, probe, join)
+# run at once, also while a cell runs: that is when one needs them.
+WAIT_FOR_IDLE = frozenset({"start", "shutdown", "fetch", "free", "add", "open"})
 OPENS = {"channels": "%rpc_channels", "devmap": "%rpc_devmap"}
 DEVMAP_NO_GROUP = (
     "There is no group to edit a map for: start one first, or run "
@@ -53,122 +59,16 @@ DEVMAP_NO_GROUP = (
 )
 
 
-def _rref_class() -> Any:
-    """torch's RRef type, or None while torch.distributed.rpc was never imported (then
-    nothing can hold an RRef)."""
-    mod = sys.modules.get("torch._C._distributed_rpc")
-    return getattr(mod, "PyRRef", None)
-
-
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-# -- the RRefs this kernel holds ----------------------------------------------------------
-
-
-@dataclass
-class Held:
-    """One RRef and every place in the namespace that holds it."""
-
-    rref: Any
-    names: list[str] = field(default_factory=list)  # as the user would write them
-    places: list[tuple[Any, ...]] = field(default_factory=list)  # (name,) or (name, key)
-
-
-def rref_key(rref: Any) -> str:
-    """What tells RRefs apart: torch's ids of the RRef and of this fork."""
-    return repr(rref)
-
-
-def _is_ipython_name(name: str) -> bool:
-    return name in IPYTHON_OUTPUTS or (name.startswith("_") and name[1:].isdigit())
-
-
-def find_rrefs(namespace: dict[str, Any]) -> dict[str, Held]:
-    """The RRefs in ``namespace``: bound to a name, or an item of a dict, list or tuple
-    bound to a name (one level; IPython's ``Out`` included). Key: ``rref_key``."""
-    cls = _rref_class()
-    found: dict[str, Held] = {}
-    if cls is None:
-        return found
-    seen: set[int] = set()  # Out and _oh are one dict
-
-    def add(rref: Any, label: str, place: tuple[Any, ...]) -> None:
-        held = found.setdefault(rref_key(rref), Held(rref))
-        if label not in held.names:
-            held.names.append(label)
-        held.places.append(place)
-
-    try:
-        items = list(namespace.items())
-    except RuntimeError:  # changed while we read it (a cell runs): next time
-        return found
-    for name, value in items:
-        if name.startswith("__") and name.endswith("__"):
-            continue
-        if isinstance(value, cls):
-            add(value, name, (name,))
-        elif isinstance(value, (dict, list, tuple)) and id(value) not in seen \
-                and len(value) <= MAX_ITEMS:
-            seen.add(id(value))
-            try:
-                pairs = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
-            except RuntimeError:
-                continue
-            for key, item in pairs:
-                if isinstance(item, cls):
-                    add(item, f"{name}[{key!r}]", (name, key))
-    for held in found.values():  # the user's own names first, IPython's Out and _N last
-        held.names.sort(key=lambda n: (n.startswith("Out[") or n.startswith("_oh[")
-                                       or _is_ipython_name(n), n))
-    return found
-
-
-def drop(shell: Any, key: str) -> list[str]:
-    """Drop every reference this kernel's namespace (and IPython's output cache) holds to
-    the RRef ``key``; the names it had. When the last one goes, torch tells the owner."""
-    ns = shell.user_ns
-    held = find_rrefs(ns).get(key)
-    if held is None:
-        return []
-    for place in held.places:
-        name = place[0]
-        try:
-            if len(place) == 1:
-                if name in IPYTHON_OUTPUTS:
-                    ns[name] = ""  # as IPython starts them
-                else:
-                    del ns[name]
-                continue
-            container = ns[name]
-            if isinstance(container, tuple):
-                ns[name] = tuple(x for x in container if x is not held.rref)
-            elif isinstance(container, dict):
-                container.pop(place[1], None)
-        except (KeyError, TypeError):
-            continue
-    for name in {p[0] for p in held.places if len(p) == 2}:  # lists: every occurrence
-        container = ns.get(name)
-        if isinstance(container, list):
-            container[:] = [x for x in container if x is not held.rref]
-    hook = getattr(shell, "displayhook", None)
-    for attr in IPYTHON_OUTPUTS:
-        if getattr(hook, attr, None) is held.rref:
-            setattr(hook, attr, "")
-    last = getattr(shell, "last_execution_result", None)
-    if last is not None and getattr(last, "result", None) is held.rref:
-        last.result = None
-    names = held.names
-    del held
-    return names
 
 
 # -- snapshots ----------------------------------------------------------------------------
 
 
-def member_rows(group: Any) -> list[dict[str, Any]]:
-    """``%rpc_workers``'s rows as plain data."""
+def member_rows(group: Any, running: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """``%rpc_workers``'s rows as plain data; ``running``: the workers running one of
+    this kernel's remote cells (the panel's interrupt button)."""
     rows = []
     for m in group.members:
         kind = m.kind
@@ -178,9 +78,17 @@ def member_rows(group: Any) -> list[dict[str, Any]]:
             "name": m.name, "rank": m.rank, "host": m.host, "pid": m.pid, "kind": kind,
             "devices": list(m.devices), "gpus": m.gpus, "alive": m.alive, "how": m.how,
             "calls": m.calls, "recent_ms": m.recent_ms, "memory": dict(m.memory),
-            "me": m.name == group.me,
+            "me": m.name == group.me, "running": m.name in running,
         })
     return rows
+
+
+def _running(s: Any) -> set[str]:
+    """The workers running a remote cell of this kernel's now."""
+    if s is None:
+        return set()
+    with s.lock:
+        return {c.worker for c in s.calls.values()}
 
 
 class Publisher:
@@ -193,9 +101,12 @@ class Publisher:
         self.links: dict[str, Link] = {}
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
-        self.actions: queue.Queue[tuple[Link, dict[str, Any]]] = queue.Queue()
-        self.actor: threading.Thread | None = None
+        self.actions: dict[str, queue.Queue[tuple[Link, dict[str, Any]]]] = {
+            "wait": queue.Queue(), "now": queue.Queue()}
+        self.actors: dict[str, threading.Thread] = {}
         self.sent = 0  # snapshots sent, for tests
+        self.idle = threading.Event()  # no cell runs in this kernel (IPython's events)
+        self.idle.set()
         # per group (compared by identity): what is costly to learn again
         self._session: Any = None
         self._traffic: Any = None
@@ -234,16 +145,28 @@ class Publisher:
             link.last = ""  # send the new level's picture at once
             self.wake.set()
         elif data.get("type") == "action":
+            # two lines of actions, each one at a time: those that wait for the running
+            # cell, and those that must not wait behind them (interrupt, restart, ...)
+            kind = "wait" if str(data.get("action")) in WAIT_FOR_IDLE else "now"
             with self.lock:
-                self.actions.put((link, data))
-                if self.actor is None or not self.actor.is_alive():
-                    self.actor = threading.Thread(target=self._act, name="rpcnb-panel-actions",
-                                                  daemon=True)
-                    self.actor.start()
+                self.actions[kind].put((link, data))
+                actor = self.actors.get(kind)
+                if actor is None or not actor.is_alive():
+                    actor = threading.Thread(target=self._act, args=(kind,), daemon=True,
+                                             name=f"rpcnb-panel-actions-{kind}")
+                    self.actors[kind] = actor
+                    actor.start()
+
+    def before_cell(self, info: Any = None) -> None:
+        """A cell starts (IPython's pre_run_cell): actions that need the main thread wait."""
+        self.idle.clear()
+        if self.links:
+            self.wake.set()
 
     def after_cell(self, result: Any = None) -> None:
         """After each cell (IPython's post_run_cell), while a panel is open: note new
         RRefs (their age counts from here), refresh the panel. Without a panel, nothing."""
+        self.idle.set()
         if not self.links:
             return
         if state.active() is not None:
@@ -293,7 +216,8 @@ class Publisher:
     def snapshot(self, full: bool = True) -> dict[str, Any]:
         """The group now, as the panel shows it (see docs/panel.md for the fields)."""
         snap: dict[str, Any] = {"protocol": PROTOCOL, "time": time.time(), "group": None,
-                                "members": [], "message": NO_GROUP}
+                                "members": [], "message": NO_GROUP,
+                                "busy": not self.idle.is_set()}
         s = state.active()
         if s is not self._session:
             self._session, self._traffic, self._traffic_data = s, None, None
@@ -309,7 +233,7 @@ class Publisher:
         group = view.group(refresh=refresh)
         if refresh:
             self._refreshed = time.monotonic()
-        rows = member_rows(group)
+        rows = member_rows(group, _running(s))
         snap.update(message="", members=rows, group={
             "me": group.me, "leader": group.leader, "address": group.address,
             "join_line": group.join_line, "size": len(rows),
@@ -384,18 +308,21 @@ class Publisher:
 
     # -- actions ----------------------------------------------------------------------------
 
-    def _act(self) -> None:
+    def _act(self, kind: str) -> None:
+        line = self.actions[kind]
         while True:
             try:
-                link, data = self.actions.get(timeout=30)
+                link, data = line.get(timeout=30)
             except queue.Empty:
                 with self.lock:
-                    if self.actions.empty():
-                        self.actor = None
+                    if line.empty():
+                        self.actors.pop(kind, None)
                         return
                 continue
             reply: dict[str, Any] = {"type": "reply", "id": data.get("id"), "ok": True}
             try:
+                if kind == "wait":
+                    self.idle.wait()  # the running cell ends first (docs/panel.md)
                 reply.update(self.act(str(data.get("action")), data))
             except Exception as exc:
                 reply.update(ok=False, message=str(exc).strip() or type(exc).__name__)
@@ -446,6 +373,25 @@ class Publisher:
                 self._seen.pop(key, None)
             self._described.pop(key, None)
             return {"message": f"freed: {', '.join(names)} dropped; its owner lets go of it."}
+        if action in ("restart", "interrupt"):
+            return {"message": self._member_action(action, str(data.get("member", "")))}
+        if action == "add":
+            n = data.get("n", 1)
+            if isinstance(n, str) and n.strip().isdigit():
+                n = int(n)
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+                raise ValueError(BAD_ADD.format(value=n))
+            from rpcnb import api
+
+            before = {m.name for m in api.group().members}
+            after = api.add_workers(n)
+            return {"message": "added: " + ", ".join(
+                m.name for m in after.members if m.name not in before)}
+        if action == "join":
+            from rpcnb import api
+
+            line = api.group().join_line
+            return {"message": f"copied: {line}", "copy": line}
         if action == "open":
             what = str(data.get("what"))
             if what not in OPENS:
@@ -460,6 +406,26 @@ class Publisher:
                 raise ValueError(errors.NOT_INITIALIZED if what == "channels" else DEVMAP_NO_GROUP)
             return {"message": f"{OPENS[what]} added to the notebook", "insert": OPENS[what]}
         raise ValueError(UNKNOWN_ACTION.format(action=action))
+
+    def _member_action(self, action: str, name: str) -> str:
+        """Restart a worker, or interrupt the remote cell it runs for this kernel."""
+        from rpcnb import api
+
+        group = api.group()
+        member = next((m for m in group.members if m.name == name), None)
+        if member is None:
+            raise ValueError(NOT_A_WORKER.format(
+                name=name, members=", ".join(m.name for m in group.members)))
+        if member.name == group.me or member.kind != "process":
+            what = "this kernel" if member.name == group.me else f"a {member.kind}"
+            raise ValueError(NOT_MINE.format(name=name, what=what))
+        if action == "interrupt":
+            if name not in _running(state.active()):
+                return f"{name} runs no cell of this kernel's: nothing to interrupt."
+            api.interrupt(name)
+            return f"interrupted the cell {name} was running; {name} and its namespace stay."
+        api.restart(name)
+        return f"restarted {name} (a new process: its namespace starts empty)."
 
     def _start(self, workers: Any, device_map: str) -> str:
         if isinstance(workers, str) and workers.strip().isdigit():
@@ -515,12 +481,15 @@ def register(ip: Any) -> None:
 
     old = _publisher
     if old is not None:
-        try:
-            ip.events.unregister("post_run_cell", old.after_cell)
-        except ValueError:
-            pass
+        for event, hook in (("pre_run_cell", old.before_cell),
+                            ("post_run_cell", old.after_cell)):
+            try:
+                ip.events.unregister(event, hook)
+            except ValueError:
+                pass
     pub = _publisher = Publisher(ip)
     comm.get_comm_manager().register_target(TARGET, pub.open)
+    ip.events.register("pre_run_cell", pub.before_cell)
     ip.events.register("post_run_cell", pub.after_cell)
     try:
         hello = comm.create_comm(target_name=TARGET, comm_id=HELLO_ID, primary=False)

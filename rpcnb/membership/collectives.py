@@ -88,7 +88,7 @@ def form(s: Session, backend: str, workers: list[str], timeout: float = DEFAULT_
     if chosen == "nccl":  # one GPU per rank, or NCCL fails at the first collective
         asks = [protocol.call_async(s.token, w, "collectives_gpu", rank, timeout=60)
                 for rank, w in enumerate(workers)]
-        pairs = shared_gpus({w: fut.wait() for w, fut in zip(workers, asks)})
+        pairs = shared_gpus({w: fut.wait() for w, fut in zip(workers, asks, strict=True)})
         if pairs and backend == "nccl":
             raise RpcnbError(SHARED_GPU.format(pairs=pairs))
         if pairs:

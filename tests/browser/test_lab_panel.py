@@ -134,7 +134,7 @@ def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
         for name in ("worker0", "worker1", "worker2"):
             row = panel.locator(f"tr[data-member='{name}']")
             expect(row.locator("td[data-col='alive']")).to_have_text("alive")
-            pids[name] = int(row.locator("td[data-col='pid']").inner_text())
+            pids[name] = int(row.locator("[data-col='pid']").inner_text())
         lab["started"].update(pids.values())
         worker1_cmd = Path(f"/proc/{pids['worker1']}/cmdline").read_bytes()
         assert b"rpcnb" in worker1_cmd, worker1_cmd  # the pid is the worker's

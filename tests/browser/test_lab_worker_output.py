@@ -108,7 +108,7 @@ def test_bars_and_a_slider_from_workers(lab, tmp_path):
             panel = page.locator("#rpcnb-panel")
             expect(panel.locator("table.rpcnb-panel-members tr[data-member]")).to_have_count(3)
             if not torch_has_cuda():  # each member's GPU memory, or that it has no GPU
-                expect(panel.locator("tr[data-member='worker1'] td[data-col='devices']")) \
+                expect(panel.locator("tr[data-member='worker1'] [data-col='devices']")) \
                     .to_have_text("cpu (no GPU)")
             widen(page, panel)
             shot = tmp_path / "notebook-with-panel.png"

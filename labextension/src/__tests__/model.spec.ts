@@ -7,7 +7,9 @@ import {
   describe as describeConn,
   IMember,
   ISnapshot,
+  memberActions,
   memberCells,
+  pendingText,
   rrefWhat,
   sparkline,
   statusOf,
@@ -238,5 +240,70 @@ describe('channel matrix cell', () => {
     expect(t.ucx).toBe('');
     expect(t.paths).toBe('');
     expect(t.title).toBe('joined moments ago; 0 calls');
+  });
+});
+
+describe('memberActions', () => {
+  it('gives a worker interrupt (only while it runs a cell) and restart', () => {
+    const idle = memberActions(
+      member('worker1', true, { kind: 'process', me: false })
+    );
+    expect(idle.map(a => [a.action, a.enabled])).toEqual([
+      ['interrupt', false],
+      ['restart', true]
+    ]);
+    const busy = memberActions(
+      member('worker1', true, { kind: 'process', me: false, running: true })
+    );
+    expect(busy[0]).toMatchObject({ action: 'interrupt', enabled: true });
+    expect(busy[0].title).toContain('worker1');
+  });
+
+  it('gives this kernel, joined kernels and engines no buttons', () => {
+    expect(
+      memberActions(member('worker0', true, { kind: 'kernel', me: true }))
+    ).toEqual([]);
+    expect(
+      memberActions(member('w9', true, { kind: 'joined kernel', me: false }))
+    ).toEqual([]);
+    expect(
+      memberActions(member('engine0', true, { kind: 'engine', me: false }))
+    ).toEqual([]);
+  });
+});
+
+describe('pendingText', () => {
+  it('says when an action waits for the running cell', () => {
+    expect(pendingText('add', true)).toBe(
+      'add: waits for the running cell to end...'
+    );
+    expect(pendingText('add', false)).toBe('add...');
+    expect(pendingText('interrupt', true)).toBe('interrupt...');
+  });
+});
+
+describe('describe while a cell runs', () => {
+  it('says a cell is running, from the snapshot pushed while the kernel is busy', () => {
+    const snapshot = {
+      protocol: 1,
+      time: 0,
+      message: '',
+      members: [member('worker0', true, { me: true })],
+      group: {
+        me: 'worker0',
+        leader: 'worker0',
+        address: 'a',
+        join_line: 'j',
+        size: 1,
+        alive: 1
+      },
+      busy: true
+    };
+    expect(describeConn({ state: 'live', snapshot })).toBe(
+      `Group of 1 led by worker0; this kernel is worker0. ${TEXT.busy}`
+    );
+    expect(
+      describeConn({ state: 'live', snapshot: { ...snapshot, busy: false } })
+    ).toBe('Group of 1 led by worker0; this kernel is worker0.');
   });
 });
