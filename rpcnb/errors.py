@@ -289,6 +289,11 @@ COLLECTIVES_NOT_HERE = (
     "ipyparallel engines cannot take part in its process group."
 )
 COLLECTIVES_NEED_WORKERS = "--collectives needs workers to form a process group: add --workers N."
+COLLECTIVE_LEFT_WAITING = (
+    "rpcnb: {workers} still {verb} inside a collective that not every rank joined: torch "
+    "cannot stop it before its time limit ({timeout:g} s, --collective-timeout). The next "
+    "remote cell waits until it ends, then forms the workers' process group again."
+)
 COLLECTIVE_TIMEOUT = (
     "A collective waits for every rank of the workers' process group: this cell ran on "
     "{ran}, and {missing} never came. Run collectives on every worker (%%remote --all)."

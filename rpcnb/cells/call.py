@@ -114,6 +114,9 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
                 sent.interrupt(s)
                 raise
         wait(s, sent, timeout, prefix=many or local)
+    except BaseException:
+        _left_in_a_collective(s, sent)
+        raise
     finally:
         sent.forget(s)
     _collective_timeouts(s, sent, names)
@@ -190,14 +193,7 @@ def _collective_timeouts(s: Session, sent: Sent, names: list[str]) -> None:
         e = c.error
         assert isinstance(e, RemoteError)
         c.error = RemoteError(e.worker, e.ename, f"{e.evalue}\n{note}", f"{e.traceback}\n{note}")
-    reform = getattr(s, "reform_collectives", None)
-    if reform is not None:
-        try:
-            said = reform()
-        except Exception as exc:  # the group itself still works; say so and go on
-            said = f"rpcnb: forming the workers' process group again failed: {exc}"
-        if said:
-            print(said, file=sys.stderr)
+    _reform(s)
 
 
 LOCAL = "local"  # the name of the notebook's own result with ``local=True``
@@ -303,10 +299,55 @@ class Sent:
         return next(iter(results.values()))
 
 
+def _reform(s: Session) -> None:
+    """Form the workers' process group again (``membership.collectives.reform``); say so."""
+    reform = getattr(s, "reform_collectives", None)
+    if reform is not None:
+        try:
+            said = reform()
+        except Exception as exc:  # the group itself still works; say so and go on
+            said = f"rpcnb: forming the workers' process group again failed: {exc}"
+        if said:
+            print(said, file=sys.stderr)
+
+
+def _left_in_a_collective(s: Session, sent: Sent) -> None:
+    """A cell given up on (interrupted, cancelled, timed out) while workers of a group with
+    collectives still run it: they may wait inside a collective, which no interrupt stops
+    (gloo and NCCL wait in C++ until their time limit) and which leaves the ranks out of
+    step. Say so; the next cell waits for them, then forms the process group again."""
+    info = s.options.get("collectives")
+    late = [c for c in sent.calls.values() if not c.done and c.future is not None]
+    if not info or not late:
+        return
+    with s.lock:
+        pending = list(getattr(s, "collectives_pending", []))
+        s.collectives_pending = pending + [c.future for c in late]  # type: ignore[attr-defined]
+    print(errors.COLLECTIVE_LEFT_WAITING.format(
+        workers=", ".join(c.worker for c in late), verb="waits" if len(late) == 1 else "wait",
+        timeout=info["timeout"]), file=sys.stderr)
+
+
+def _settle_collectives(s: Session) -> None:
+    """Before a cell: the cells left inside a collective have ended (within the collective
+    time limit), and the process group is formed again, so the ranks are in step."""
+    with s.lock:
+        pending = list(getattr(s, "collectives_pending", []))
+        s.collectives_pending = []  # type: ignore[attr-defined]
+    info = s.options.get("collectives")
+    if not pending or not info:
+        return
+    deadline = time.monotonic() + float(info["timeout"]) + 30
+    while not all(f.done() for f in pending) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _reform(s)
+
+
 def send(s: Session, names: list[str], source: str, fetch: bool,
          push: dict[str, Any] | None, zero_copy: bool = True, profile: bool = False) -> Sent:
     """Send the cell to each of ``names``; their output goes to the returned ``Sent``
     (``zero_copy=False``: shared tensors in ``push`` and the fetched value are copied)."""
+    _settle_collectives(s)
     sent = Sent({}, queue.Queue(), telemetry.now(), time.perf_counter())
     pushed = progress.payload_bytes(list((push or {}).values()))
     try:
