@@ -46,8 +46,8 @@ export async function runAction(
   action: string,
   args: ActionArgs = {}
 ): Promise<void> {
-  const busy = link.conn.state === 'live' && Boolean(link.conn.snapshot.busy);
-  note.textContent = pendingText(action, busy);
+  const snap = link.conn.state === 'live' ? link.conn.snapshot : null;
+  note.textContent = pendingText(action, Boolean(snap?.busy), snap?.waits);
   note.classList.remove('rpcnb-panel-error');
   const reply = await link.act(action, args);
   note.textContent = reply.message ?? '';

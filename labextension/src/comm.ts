@@ -46,8 +46,31 @@ export type Outgoing =
 /** How long the kernel has to answer a subshell request before the main shell is used. */
 const SUBSHELL_WAIT_MS = 5000;
 
-/** A new subshell of ``kernel`` (its id), or null where it has none. Asked on the
- * control channel, which a kernel answers while a cell runs. */
+/** Ask ``kernel`` over its control channel (answered while a cell runs on the main
+ * shell); the reply's content, or null when none came within ``waitMs``. */
+async function control(
+  kernel: Kernel.IKernelConnection,
+  msgType: 'create_subshell_request' | 'delete_subshell_request',
+  content: { subshell_id?: string },
+  waitMs: number
+): Promise<{ status?: string; subshell_id?: string } | null> {
+  // one shape for both requests (their fields differ only in content)
+  const msg =
+    KernelMessage.createMessage<KernelMessage.ICreateSubshellRequestMsg>({
+      msgType: msgType as 'create_subshell_request',
+      channel: 'control',
+      username: kernel.username,
+      session: kernel.clientId,
+      content: content as KernelMessage.ICreateSubshellRequestMsg['content']
+    });
+  const reply = await Promise.race([
+    kernel.sendControlMessage(msg, true, true).done,
+    new Promise<null>(resolve => setTimeout(() => resolve(null), waitMs))
+  ]);
+  return (reply?.content as { status?: string; subshell_id?: string }) ?? null;
+}
+
+/** A new subshell of ``kernel`` (its id), or null where it has none. */
 async function askSubshell(
   kernel: Kernel.IKernelConnection
 ): Promise<string | null> {
@@ -59,24 +82,14 @@ async function askSubshell(
     return null;
   }
   try {
-    const msg = KernelMessage.createMessage({
-      msgType: 'create_subshell_request',
-      channel: 'control',
-      username: kernel.username,
-      session: kernel.clientId,
-      content: {}
-    });
-    const future = kernel.sendControlMessage(msg, true, true);
-    const reply = await Promise.race([
-      future.done,
-      new Promise<null>(resolve =>
-        setTimeout(() => resolve(null), SUBSHELL_WAIT_MS)
-      )
-    ]);
-    const content = reply?.content as
-      { status?: string; subshell_id?: string } | undefined;
-    return content?.status === 'ok' && content.subshell_id
-      ? content.subshell_id
+    const reply = await control(
+      kernel,
+      'create_subshell_request',
+      {},
+      SUBSHELL_WAIT_MS
+    );
+    return reply?.status === 'ok' && reply.subshell_id
+      ? reply.subshell_id
       : null;
   } catch (err) {
     return null; // a kernel without subshells: the main shell
@@ -92,14 +105,12 @@ async function dropSubshell(
     return;
   }
   try {
-    const msg = KernelMessage.createMessage({
-      msgType: 'delete_subshell_request',
-      channel: 'control',
-      username: kernel.username,
-      session: kernel.clientId,
-      content: { subshell_id: subshell }
-    });
-    await kernel.sendControlMessage(msg, true, true).done;
+    await control(
+      kernel,
+      'delete_subshell_request',
+      { subshell_id: subshell },
+      SUBSHELL_WAIT_MS
+    );
   } catch (err) {
     // the kernel restarted or went away: its subshells went with it
   }

@@ -113,6 +113,8 @@ export interface ISnapshot {
   rrefs?: IRRef[];
   /** a cell runs in the kernel: actions that wait for it say so */
   busy?: boolean;
+  /** the actions the kernel runs only once no cell runs (rpcnb.frontend.panel) */
+  waits?: string[];
 }
 
 /** Where the panel's connection to the active kernel stands. */
@@ -261,9 +263,13 @@ export function memberActions(m: IMember): IMemberAction[] {
   ];
 }
 
-/** What the note says while an action waits for the kernel. */
-export function pendingText(action: string, busy: boolean): string {
-  const waits = ['start', 'shutdown', 'fetch', 'free', 'add', 'open'];
+/** What the note says while an action waits for the kernel; ``waits``: the actions
+ * the kernel holds until the running cell ends (it says which, in its snapshots). */
+export function pendingText(
+  action: string,
+  busy: boolean,
+  waits: string[] = []
+): string {
   return busy && waits.includes(action)
     ? `${action}: waits for the running cell to end...`
     : `${action}...`;

@@ -321,8 +321,7 @@ def _left_in_a_collective(s: Session, sent: Sent) -> None:
     if not info or not late:
         return
     with s.lock:
-        pending = list(getattr(s, "collectives_pending", []))
-        s.collectives_pending = pending + [c.future for c in late]  # type: ignore[attr-defined]
+        s.collectives_pending.extend(c.future for c in late)
     print(errors.COLLECTIVE_LEFT_WAITING.format(
         workers=", ".join(c.worker for c in late), verb="waits" if len(late) == 1 else "wait",
         timeout=info["timeout"]), file=sys.stderr)
@@ -331,12 +330,11 @@ def _left_in_a_collective(s: Session, sent: Sent) -> None:
 def _settle_collectives(s: Session) -> None:
     """Before a cell: the cells left inside a collective have ended (within the collective
     time limit), and the process group is formed again, so the ranks are in step."""
-    with s.lock:
-        pending = list(getattr(s, "collectives_pending", []))
-        s.collectives_pending = []  # type: ignore[attr-defined]
-    info = s.options.get("collectives")
-    if not pending or not info:
+    if not s.collectives_pending:  # every cell passes here: nothing to do, no lock
         return
+    with s.lock:
+        pending, s.collectives_pending = s.collectives_pending, []
+    info = s.options.get("collectives") or {"timeout": 0}
     deadline = time.monotonic() + float(info["timeout"]) + 30
     while not all(f.done() for f in pending) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -217,7 +217,8 @@ class Publisher:
         """The group now, as the panel shows it (see docs/panel.md for the fields)."""
         snap: dict[str, Any] = {"protocol": PROTOCOL, "time": time.time(), "group": None,
                                 "members": [], "message": NO_GROUP,
-                                "busy": not self.idle.is_set()}
+                                "busy": not self.idle.is_set(),
+                                "waits": sorted(WAIT_FOR_IDLE)}
         s = state.active()
         if s is not self._session:
             self._session, self._traffic, self._traffic_data = s, None, None

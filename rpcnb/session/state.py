@@ -165,6 +165,9 @@ class Session:
         self.cluster: dict[str, Any] | None = None
         # environment variables this group changed, with the values to put back
         self.restore_env: dict[str, str | None] = {}
+        # with --collectives: the futures of cells given up on while still inside a
+        # collective; the next cell waits for them and forms the process group again
+        self.collectives_pending: list[Any] = []
 
     @property
     def is_leader(self) -> bool:

@@ -61,10 +61,12 @@ NO_UCX = "the ucx extra is not installed: pip install -e '.[test,ucx]' (ucxx-cu1
 
 
 @contextlib.contextmanager
-def notebook_page(lab, notebook: str, cells, shots: Path):  # noqa: F811 (the fixture)
-    """A Chromium page with ``notebook`` (written from ``cells``) open in the lab; a
-    screenshot of the page to ``shots`` if the test fails in it; the browser closed and
-    the kernel's processes recorded for the lab fixture to stop, either way."""
+def notebook_page(lab, notebook: str, cells, shots: Path,  # noqa: F811 (the fixture)
+                  clipboard: bool = False):
+    """A Chromium page with ``notebook`` (written from ``cells``) open in the lab (with
+    ``clipboard``, allowed to read and write the clipboard); a screenshot of the page to
+    ``shots`` if the test fails in it; the browser closed and the kernel's processes
+    recorded for the lab fixture to stop, either way."""
     from playwright.sync_api import sync_playwright
 
     write_notebook(lab["root"] / notebook, cells, kernel="rpcnb")
@@ -72,7 +74,10 @@ def notebook_page(lab, notebook: str, cells, shots: Path):  # noqa: F811 (the fi
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         lab["started"].update(children_of(os.getpid()))
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        context = browser.new_context(viewport={"width": 1500, "height": 1000})
+        if clipboard:
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=lab["url"])
+        page = context.new_page()
         try:
             open_notebook(page, lab, notebook, kernel="rpcnb")
             yield page

@@ -10,21 +10,16 @@ the clipboard.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 
 from conftest import children_of
-from test_lab_panel import not_blank
+from test_lab_panel import not_blank, notebook_page
 from test_lab_widgets import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     DOCS_STATIC,
     lab,  # noqa: F401 (the fixture)
-    open_notebook,
     run_cell,
-    write_notebook,
 )
 
 LONG = 60  # seconds the long cell would run: the test interrupts it long before
@@ -84,34 +79,11 @@ def open_panel(page):
     return panel
 
 
-@contextlib.contextmanager
-def lab_page(lab, shots):  # noqa: F811 (the fixture)
-    from playwright.sync_api import sync_playwright
-
-    write_notebook(lab["root"] / "busy.ipynb", CELLS, kernel="rpcnb")
-    shots.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        lab["started"].update(children_of(os.getpid()))
-        context = browser.new_context(viewport={"width": 1500, "height": 1000})
-        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=lab["url"])
-        page = context.new_page()
-        try:
-            open_notebook(page, lab, "busy.ipynb", kernel="rpcnb")
-            yield page
-        except BaseException:
-            page.screenshot(path=str(shots / "failure.png"))
-            raise
-        finally:
-            lab["started"].update(children_of(lab["pid"]))
-            browser.close()
-
-
 def test_panel_is_readable_live_while_busy_and_acts(lab, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 
     shots = tmp_path / "screenshots"
-    with lab_page(lab, shots) as page:
+    with notebook_page(lab, "busy.ipynb", CELLS, shots, clipboard=True) as page:
         run_cell(page, 0)
         run_cell(page, 1)
         lab["started"].update(children_of(lab["pid"]))

@@ -274,11 +274,12 @@ describe('memberActions', () => {
 
 describe('pendingText', () => {
   it('says when an action waits for the running cell', () => {
-    expect(pendingText('add', true)).toBe(
+    const waits = ['add', 'start'];
+    expect(pendingText('add', true, waits)).toBe(
       'add: waits for the running cell to end...'
     );
-    expect(pendingText('add', false)).toBe('add...');
-    expect(pendingText('interrupt', true)).toBe('interrupt...');
+    expect(pendingText('add', false, waits)).toBe('add...');
+    expect(pendingText('interrupt', true, waits)).toBe('interrupt...');
   });
 });
 
