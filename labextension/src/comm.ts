@@ -191,7 +191,7 @@ export class Link {
   private onStatus(): void {
     const status = this.notebook?.sessionContext.kernelDisplayStatus;
     if (status === 'restarting' || status === 'autorestarting') {
-      this.closeComm();
+      this.closeComm(false);
       this.reopen = true;
       this.set({ state: 'connecting' });
     } else if (status === 'idle' && this.reopen && this.kernel && !this.comm) {
@@ -333,11 +333,19 @@ export class Link {
     void dropSubshell(kernel, subshell ?? null);
   }
 
-  private closeComm(): void {
+  /** Close the comm; ``tellKernel`` false when the kernel restarts: the new kernel
+   * knows neither the comm nor its subshell, and would drop (and log) what is sent. */
+  private closeComm(tellKernel = true): void {
     const comm = this.comm;
     this.comm = null;
     if (comm && !comm.isDisposed) {
-      this.closeOne(comm);
+      if (tellKernel) {
+        this.closeOne(comm);
+      } else {
+        comm.onClose = () => undefined;
+        this.subshells.delete(comm);
+        comm.dispose();
+      }
     }
     for (const resolve of this.pending.values()) {
       resolve({ ok: false, message: 'the kernel went away' });
