@@ -156,7 +156,7 @@ def tensor_bytes(args: Any, kwargs: Any = None) -> int:
 
 def _nbytes(item: Any, tensor: Any) -> int:
     if isinstance(item, tensor):
-        return int(item.element_size() * item.nelement())
+        return int(item.nbytes)
     if hasattr(type(item), "__dlpack__"):
         n = getattr(item, "nbytes", 0)
         return n if isinstance(n, int) else 0

@@ -12,7 +12,7 @@ DLPack arrays travel as tensors too (``rpcnb.paths.arrays``).
 While this process is in a group, every payload it sends is signed with the group's key
 and every payload it receives is checked before it is unpickled (``rpcnb.session.rendezvous``).
 ``install()`` also hooks torch's rpc_sync / rpc_async / remote so every call this process
-makes is recorded in ``rpcnb.telemetry``. ``watch()`` (what ``%load_ext rpcnb`` calls)
+makes is recorded in ``rpcnb.telemetry`` (``rpcnb.paths.calls``). ``watch()`` (what ``%load_ext rpcnb`` calls)
 installs both as soon as the user's code imports torch.
 """
 
@@ -47,7 +47,12 @@ _installed = False
 def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     """torch's ``_InternalRPCPickler.serialize``, with cloudpickle's by-value reducers
     where a message needs them (``plain`` says where it does not)."""
-    if plain(obj):
+    kind = _plainness(obj, 0)
+    if kind == _NO_TENSORS:  # no reducer of the table can apply: the C pickler alone
+        data = pickle.dumps(obj, PROTOCOL)
+        s = state.active()
+        return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
+    if kind == _WITH_TENSORS:
         return _serialize_plain(obj)
     from rpcnb.wire import _torch
 
@@ -98,30 +103,57 @@ _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
 _BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
 
 
-def plain(obj: Any, depth: int = 0) -> bool:
+_NOT_PLAIN, _NO_TENSORS, _WITH_TENSORS = -1, 0, 1
+
+
+def plain(obj: Any) -> bool:
     """Whether ``obj`` pickles the same with the C pickler alone as with cloudpickle: a
     call (``PythonUDF``) of a function importable by name, or a value, made of numbers,
     strings, bytes, None, dense CPU or CUDA tensors, and short tuples, lists and
     string-keyed dicts of those. Anything else (notebook code, lambdas, classes,
     objects of any other type) takes cloudpickle's path, which decides what goes by value."""
+    return _plainness(obj, 0) != _NOT_PLAIN
+
+
+def _plainness(obj: Any, depth: int) -> int:
+    """``_NOT_PLAIN``, or whether a plain ``obj`` holds tensors (only those need the
+    dispatch table: without them the C pickler's own ``dumps`` gives the same bytes)."""
     cls = type(obj)
-    if cls in _LEAVES or cls is _TENSOR:
-        return True
+    if cls in _LEAVES:
+        return _NO_TENSORS
+    if cls is _TENSOR:
+        return _WITH_TENSORS
     if depth > 3:
-        return False
+        return _NOT_PLAIN
     if cls is tuple or cls is list:
-        return len(obj) <= _PLAIN_ITEMS and all(plain(item, depth + 1) for item in obj)
+        return _all_plain(obj, depth) if len(obj) <= _PLAIN_ITEMS else _NOT_PLAIN
     if cls is dict:
-        return len(obj) <= _PLAIN_ITEMS and all(
-            type(k) is str and plain(v, depth + 1) for k, v in obj.items())
+        if len(obj) > _PLAIN_ITEMS or any(type(k) is not str for k in obj):
+            return _NOT_PLAIN
+        return _all_plain(obj.values(), depth)
     if cls is _UDF:
-        return _by_name(obj.func) and plain(obj.args, depth + 1) and plain(obj.kwargs or {}, depth + 1)
+        if not _by_name(obj.func):
+            return _NOT_PLAIN
+        if not obj.args and not obj.kwargs:  # a call without arguments: the common case
+            return _NO_TENSORS
+        return _all_plain((obj.args, obj.kwargs or {}), depth)
     if cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls):
         # rpcnb's own messages (a remote cell's result): by reference to their class, as
         # cloudpickle does; one that asks its tensors to be copied takes the full path
-        return not getattr(obj, "copy_tensors", False) and all(
-            plain(getattr(obj, f.name), depth + 1) for f in dataclasses.fields(obj))
-    return False
+        if getattr(obj, "copy_tensors", False):
+            return _NOT_PLAIN
+        return _all_plain([getattr(obj, f.name) for f in dataclasses.fields(obj)], depth)
+    return _NOT_PLAIN
+
+
+def _all_plain(items: Any, depth: int) -> int:
+    kind = _NO_TENSORS
+    for item in items:
+        k = _plainness(item, depth + 1)
+        if k == _NOT_PLAIN:
+            return _NOT_PLAIN
+        kind |= k
+    return kind
 
 
 def _by_name(func: Any) -> bool:
@@ -170,11 +202,31 @@ def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
     if signed is None:
         raise PermissionError(rendezvous.UNSIGNED)
     sender, payload = signed
-    obj = _original_deserialize(payload, tensor_table)
+    obj = _load(payload, tensor_table)
     if _on_call is not None and type(obj) is _UDF and obj.func is not (_ENTRY or _entry()):
         # rpcnb's own requests (protocol.entry) route their output themselves
-        obj = _UDF(_on_call(obj.func, sender), obj.args, obj.kwargs)
+        run = _on_call(obj.func, sender)
+        if run is not obj.func:
+            obj = _UDF(run, obj.args, obj.kwargs)
     return obj
+
+
+def _load(payload: Any, tensor_table: Any) -> Any:
+    """torch's ``deserialize`` of a checked payload (a view), without its copy into a
+    BytesIO; where a name is not found, torch's own gives its error."""
+    tables = _TENSOR_TABLES
+    old = getattr(tables, "recv_tables", None)
+    tables.recv_tables = tensor_table
+    try:
+        return pickle.loads(payload)
+    except AttributeError:
+        pass
+    finally:
+        if old is not None:
+            tables.recv_tables = old
+        else:
+            del tables.recv_tables
+    return _original_deserialize(payload, tensor_table)
 
 
 def _entry() -> Any:
@@ -236,7 +288,7 @@ def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
     (``rpcnb.paths.zerocopy``); rpcnb's shared memory in a single-host group (``rpcnb.paths.shm``;
     faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.paths.ucx``:
     CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own."""
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         shared = zerocopy.export(tensor)
         if shared is not None:
             return shared
@@ -368,112 +420,6 @@ def _pickler_class() -> Any:
     return _PICKLER
 
 
-_rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
-
-
-def _record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
-    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry.
-
-    A call is timed where that costs nothing: ``rpc_sync``'s on the caller's thread, as it
-    waits (``_Timed``). Timing an ``rpc_async`` or ``remote`` call takes a callback on
-    TensorPipe's thread when it completes, which contends for the GIL with the thread that
-    waits; it is taken only while someone looks (``telemetry.timing()``: a channel
-    monitor or the JupyterLab panel, or ``RPCNB_CALL_TIMES=1``). Otherwise the call is
-    counted, without a time."""
-    peer = to if isinstance(to, str) else str(getattr(to, "name", to))
-    with telemetry.sending(peer), zerocopy.collecting() as shared:
-        if _builtin(func) and _takes_our_paths(args, kwargs):
-            # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
-            # the same operator, they take shared memory (or go by handle) as any call's
-            result = send(run_builtin, (func, tuple(args or ()), dict(kwargs or {})), None)
-        else:
-            result = send()
-    if sync:
-        return _Timed(result, peer, _op(func, args), telemetry.tensor_bytes(args, kwargs), shared)
-    is_rref = not hasattr(result, "add_done_callback")
-    timing = telemetry.timing()
-    if not (shared or timing):
-        telemetry.count(peer)
-        return result
-    try:
-        fut = _rref_future(result) if is_rref else result
-    except Exception:
-        return result
-    if shared:  # the receiver has mapped them once the call completes
-        fut.add_done_callback(lambda _f: zerocopy.release(shared))
-    if timing:
-        telemetry.watch(fut, peer, ("remote:" if is_rref else "") + _op(func, args),
-                        telemetry.tensor_bytes(args, kwargs))
-    else:
-        telemetry.count(peer)
-    return result
-
-
-def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Where a builtin operator's call arrives as a Python call: the operator itself."""
-    return func(*args, **kwargs)
-
-
-_BUILTINS: dict[int, tuple[Any, bool]] = {}  # id -> (function, is torch's builtin)
-
-
-def _builtin(func: Any) -> bool:
-    known = _BUILTINS.get(id(func))
-    if known is not None and known[0] is func:
-        return known[1]
-    from rpcnb.wire import _torch
-
-    answer = _torch.is_builtin(func)
-    if len(_BUILTINS) > 10_000:
-        _BUILTINS.clear()
-    _BUILTINS[id(func)] = (func, answer)
-    return answer
-
-
-def _takes_our_paths(args: Any, kwargs: Any) -> bool:
-    """Whether a tensor among the arguments (one level deep) would take rpcnb's shared
-    memory or go by handle, were the call a Python one."""
-    for group in (args or (), (kwargs or {}).values()):
-        for item in group:
-            for t in (item if isinstance(item, (list, tuple)) else (item,)):
-                if type(t) is _TENSOR and (shm.wants(t) or zerocopy.can_share(t)):
-                    return True
-    return False
-
-
-def _op(func: Any, args: Any) -> str:
-    index = getattr(func, "rpcnb_op_index", None)
-    if index is not None and isinstance(args, tuple) and len(args) > index:
-        return str(args[index])  # rpcnb's own request: named by its operation
-    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
-
-
-class _Timed:
-    """The future of an ``rpc_sync`` call, which ``rpc_sync`` waits on at once: timed, and
-    its shared storages released, in that wait, on the caller's thread."""
-
-    __slots__ = ("_fut", "_peer", "_op", "_nbytes", "_shared", "_start", "_t0")
-
-    def __init__(self, fut: Any, peer: str, op: str, nbytes: int, shared: list[int]) -> None:
-        self._fut, self._peer, self._op, self._nbytes, self._shared = fut, peer, op, nbytes, shared
-        self._start, self._t0 = time.time(), time.perf_counter()
-
-    def wait(self) -> Any:
-        ok = False
-        try:
-            value = self._fut.wait()
-            ok = True
-            return value
-        finally:
-            telemetry.record(self._peer, self._op, self._start, time.perf_counter() - self._t0,
-                             self._nbytes, ok=ok)
-            if self._shared:
-                zerocopy.release(self._shared)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fut, name)
-
-
 def install() -> None:
     """Make torch's RPC pickler ship ``__main__`` code by value, and record every call
     (idempotent). Imports torch; ``watch()`` defers it until the user's code does."""
@@ -486,18 +432,20 @@ def install() -> None:
             return
         from rpcnb.wire import _torch
 
-        global _rref_future, _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES
+        global _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES
         import torch
 
+        from rpcnb.paths import calls
+
         _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
-        _rref_future = _torch.rref_future
+        calls.prepare(torch.Tensor, _torch.rref_future)
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)
         # With devices set, torch finds the CUDA tensors in a Python result by pickling
         # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
         # (and a CuPy array would be copied to the host to be looked through)
         _torch.replace_tensor_extractor(_extractor_base())
-        notebook.REPLACED.update(_torch.hook_calls(_record_call))
+        notebook.REPLACED.update(_torch.hook_calls(calls.record_call))
         _installed = True
 
 

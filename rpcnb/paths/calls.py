@@ -1,0 +1,134 @@
+"""Around every rpc_sync / rpc_async / remote this process makes (``rpcnb.paths.serialize``
+hooks them on install): the call's record in ``rpcnb.telemetry``, the peer its tensors go
+to (for the same-host paths), the shared storages it hands over by handle (released when
+it completes), and a builtin operator whose tensors would take rpcnb's paths sent as a
+Python call of the same operator. It sits on every call a user's code makes, so it does
+as little as it can: each microsecond here shows several times over in a round trip
+(docs/benchmarks.md, "What rpcnb costs a plain torch RPC call")."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rpcnb import telemetry
+from rpcnb.paths import shm, zerocopy
+
+_TENSOR: Any = None  # torch.Tensor, once installed
+
+_rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
+
+
+def prepare(tensor: type, rref_future: Any) -> None:
+    """What this module needs of torch, given once torch is imported (by serialize.install)."""
+    global _TENSOR, _rref_future
+    _TENSOR, _rref_future = tensor, rref_future
+
+
+def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
+    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry.
+
+    A call is timed where that costs nothing: ``rpc_sync``'s on the caller's thread, as it
+    waits (``_Timed``). Timing an ``rpc_async`` or ``remote`` call takes a callback on
+    TensorPipe's thread when it completes, which contends for the GIL with the thread that
+    waits; it is taken only while someone looks (``telemetry.timing()``: a channel
+    monitor or the JupyterLab panel, or ``RPCNB_CALL_TIMES=1``). Otherwise the call is
+    counted, without a time."""
+    peer = to if type(to) is str else str(getattr(to, "name", to))
+    with telemetry.sending(peer), zerocopy.collecting() as shared:
+        if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
+            # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
+            # the same operator, they take shared memory (or go by handle) as any call's
+            result = send(run_builtin, (func, tuple(args or ()), dict(kwargs or {})), None)
+        else:
+            result = send()
+    if sync:
+        return _Timed(result, peer, func, args, kwargs, shared)
+    is_rref = not hasattr(result, "add_done_callback")
+    timing = telemetry.timing()
+    if not (shared or timing):
+        telemetry.count(peer)
+        return result
+    try:
+        fut = _rref_future(result) if is_rref else result
+    except Exception:
+        return result
+    if shared:  # the receiver has mapped them once the call completes
+        fut.add_done_callback(lambda _f: zerocopy.release(shared))
+    if timing:
+        telemetry.watch(fut, peer, ("remote:" if is_rref else "") + _op(func, args),
+                        telemetry.tensor_bytes(args, kwargs))
+    else:
+        telemetry.count(peer)
+    return result
+
+
+def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Where a builtin operator's call arrives as a Python call: the operator itself."""
+    return func(*args, **kwargs)
+
+
+_BUILTINS: dict[int, tuple[Any, bool]] = {}  # id -> (function, is torch's builtin)
+
+
+def _builtin(func: Any) -> bool:
+    known = _BUILTINS.get(id(func))
+    if known is not None and known[0] is func:
+        return known[1]
+    from rpcnb.wire import _torch
+
+    answer = _torch.is_builtin(func)
+    if len(_BUILTINS) > 10_000:
+        _BUILTINS.clear()
+    _BUILTINS[id(func)] = (func, answer)
+    return answer
+
+
+def _takes_our_paths(args: Any, kwargs: Any) -> bool:
+    """Whether a tensor among the arguments (one level deep) would take rpcnb's shared
+    memory or go by handle, were the call a Python one."""
+    if not shm.open_here():  # neither path is open (zerocopy's needs shm's too)
+        return False
+    for group in (args or (), (kwargs or {}).values()):
+        for item in group:
+            for t in (item if isinstance(item, (list, tuple)) else (item,)):
+                if type(t) is _TENSOR and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
+                    return True
+    return False
+
+
+def _op(func: Any, args: Any) -> str:
+    index = getattr(func, "rpcnb_op_index", None)
+    if index is not None and isinstance(args, tuple) and len(args) > index:
+        return str(args[index])  # rpcnb's own request: named by its operation
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", "call"))
+
+
+class _Timed:
+    """The future of an ``rpc_sync`` call, which ``rpc_sync`` waits on at once: timed, and
+    its shared storages released, in that wait, on the caller's thread. What the record
+    says of the call (its name, its bytes) is worked out once it is back."""
+
+    __slots__ = ("_fut", "_peer", "_call", "_shared", "_start", "_t0")
+
+    def __init__(self, fut: Any, peer: str, func: Any, args: Any, kwargs: Any,
+                 shared: list[int]) -> None:
+        self._fut, self._peer, self._call, self._shared = fut, peer, (func, args, kwargs), shared
+        self._start, self._t0 = time.time(), time.perf_counter()
+
+    def wait(self) -> Any:
+        ok = False
+        try:
+            value = self._fut.wait()
+            ok = True
+            return value
+        finally:
+            took = time.perf_counter() - self._t0
+            func, args, kwargs = self._call
+            telemetry.record(self._peer, _op(func, args), self._start, took,
+                             telemetry.tensor_bytes(args, kwargs) if args or kwargs else 0, ok=ok)
+            if self._shared:
+                zerocopy.release(self._shared)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fut, name)
