@@ -18,7 +18,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rpcnb import machine
-from rpcnb.errors import CompositeRemoteError, RemoteError, RpcnbError, WorkerDiedError
+from rpcnb.errors import (
+    CompositeRemoteError,
+    RemoteError,
+    RpcnbError,
+    WorkerDiedError,
+    WorkerUnreachableError,
+)
 from rpcnb.session.state import ALL, Group
 
 machine.check_platform(sys.platform)  # Linux only: one clear sentence elsewhere
@@ -57,6 +63,7 @@ __all__ = [
     "RemoteError",
     "RpcnbError",
     "WorkerDiedError",
+    "WorkerUnreachableError",
     "add_workers",
     "attach",
     "copying",

@@ -33,6 +33,15 @@ JOIN_NOT_FOUND = (
 )
 WORKER_DIED = "Worker {name!r} died ({how}); its namespace is lost. The rest of the group keeps working."
 WORKER_LEFT = "Worker {name!r} has left the group; start a new worker under a new name."
+WORKER_UNREACHABLE = (
+    "Worker {name!r} on {host} is unreachable since {since} ({ago:.0f} s): nothing from its "
+    "host arrives, not even TCP acknowledgements, so the network between here and there is "
+    "down or the host is lost. It is not known to be dead: it keeps its namespace and "
+    "answers again on its own when the network is back (%rpc_workers shows it), and a cell "
+    "it was running for you may still run there (later cells wait behind it). The rest of "
+    "the group keeps working; if the host is gone for good, %rpc_shutdown ends the group "
+    "without it."
+)
 CALL_TIMEOUT = (
     "The remote cell on {name!r} did not finish within {timeout:g} s and was interrupted; "
     "raise --timeout if it needs longer."
@@ -134,6 +143,11 @@ HEADLESS_NO_NAME = (
     "Give this worker a --name: none of {variables} is set, so there is no launcher rank "
     "to name it from."
 )
+HEADLESS_LEADER_UNREACHABLE = (
+    "rpcnb.worker: {leader}, the group's first kernel, is unreachable (its host answers "
+    "nothing, not even at the network level); this worker stays in the group and waits up "
+    "to {seconds:g} s for the network to come back."
+)
 HEADLESS_LEADER_GONE = (
     "rpcnb.worker: {leader}, the group's first kernel, has not answered for {seconds:g} s; "
     "this worker leaves the group and exits."
@@ -201,6 +215,21 @@ class WorkerDiedError(RpcnbError):
 
     Attributes:
         worker: the name of the worker that died or left.
+    """
+
+    def __init__(self, message: str, worker: str) -> None:
+        super().__init__(message)
+        self.worker = worker
+
+
+class WorkerUnreachableError(RpcnbError):
+    """The worker a call went to cannot be reached: its host has answered nothing, not
+    even at the network level, for a few seconds (a partition, or a lost host).
+
+    It is not declared dead: when its host answers again it is back, with its namespace.
+
+    Attributes:
+        worker: the name of the unreachable worker.
     """
 
     def __init__(self, message: str, worker: str) -> None:

@@ -237,6 +237,39 @@ def interface_towards(host: str, port: int) -> str:
         probe.close()
 
 
+def heard_from(address: str) -> float | None:
+    """Seconds since this process last received anything (data, or the acknowledgement of
+    what it sent) over any of its TCP connections with ``address``; None when it holds no
+    connection there (or cannot tell). The peer host's kernel acknowledges what arrives
+    even while the peer process is busy or stopped, so a recent answer here means that
+    host is reachable: ``tcp_info``'s ``last_data_recv`` and ``last_ack_recv``."""
+    import struct
+
+    import psutil
+
+    want = address.strip("[]").removeprefix("::ffff:")
+    try:
+        conns = psutil.Process().net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    best: float | None = None
+    for c in conns:
+        if not c.raddr or c.fd < 0 or c.raddr.ip.removeprefix("::ffff:") != want:
+            continue
+        try:
+            with socket.fromfd(c.fd, c.family, socket.SOCK_STREAM) as sk:  # a dup, ours to close
+                info = sk.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        except OSError:
+            continue
+        if len(info) < 60:
+            continue
+        # struct tcp_info: 8 bytes of u8 fields, 13 u32, then last_data_recv, last_ack_recv
+        data_ms, ack_ms = struct.unpack_from("=II", info, 52)
+        ago = min(data_ms, ack_ms) / 1000.0
+        best = ago if best is None else min(best, ago)
+    return best
+
+
 # --------------------------------------------------------------------------- facts
 
 

@@ -13,7 +13,8 @@ cluster's launcher (``srun``, ``mpiexec``) on a machine without Jupyter: it join
 running group like a kernel does, names itself from the launcher's rank when no
 ``--name`` is given, reads the group's token from a file of mode 0600 or from its stdin
 (never from its command line, which ``ps`` shows every user), and leaves when the group
-ends or its first kernel is gone.
+ends or its first kernel is gone; while the network to that kernel is down it waits (15
+minutes at most), so a partition that heals leaves it in the group with its namespace.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import errors
+from rpcnb import errors, machine
 from rpcnb.cells import comms, output
 from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
-from rpcnb.membership import handlers, leave, start
+from rpcnb.membership import failures, handlers, leave, start
 from rpcnb.paths import shm, ucx
 from rpcnb.procs import launch, processes
 from rpcnb.session import protocol
@@ -39,6 +40,7 @@ from rpcnb.wire import options
 # The launchers' own rank variables, in the order a worker names itself from them.
 RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 LEADER_SILENT_S = 15.0  # a headless worker leaves once its leader has not answered this long
+LEADER_UNREACHABLE_S = 900.0  # ... or this long, when the leader's host answers nothing at all
 
 
 def _watch_parent(parent_pid: int, init_method: str) -> None:
@@ -238,20 +240,39 @@ def headless(argv: list[str]) -> None:
 
 
 def _watch_leader(s: Any, runner: CellRunner) -> None:
-    """A headless worker leaves when its group's first kernel stops answering (it may be
-    on another host: no pid to watch), so a batch job never outlives the notebook."""
+    """A headless worker leaves when its group's first kernel is gone (it may be on
+    another host: no pid to watch), so a batch job never outlives the notebook: after
+    ``LEADER_SILENT_S`` without an answer while the leader's host still answers (the
+    connection closed, or TCP acknowledges what is sent), after ``LEADER_UNREACHABLE_S``
+    when its host answers nothing at all (a partition: the worker waits for the network
+    to come back, with its namespace)."""
+    url = s.init_method
+    address = url[len("tcp://"):].rpartition(":")[0].strip("[]") if url.startswith("tcp://") else ""
     silent_since: float | None = None
+    cut_off = False  # the leader's host itself answers nothing
     while not s.closing:
         time.sleep(1.0)
         try:
             protocol.call(s.token, s.leader, "probe_echo", timeout=5)
-            silent_since = None
-        except Exception:
+            if cut_off:
+                print(f"rpcnb.worker: {s.leader} answers again.", file=sys.__stderr__, flush=True)
+            silent_since, cut_off = None, False
+            continue
+        except Exception as exc:
             if s.closing:
                 return
-            silent_since = silent_since or time.monotonic()
-            if time.monotonic() - silent_since > LEADER_SILENT_S:
-                print(errors.HEADLESS_LEADER_GONE.format(leader=s.leader, seconds=LEADER_SILENT_S),
+            now = time.monotonic()
+            silent_since = silent_since or now
+            heard = machine.heard_from(address) if address else None
+            was = cut_off
+            cut_off = not failures.process_gone(exc) and (heard is None or heard > 5)
+            if cut_off and not was:
+                print(errors.HEADLESS_LEADER_UNREACHABLE.format(
+                    leader=s.leader, seconds=LEADER_UNREACHABLE_S), file=sys.__stderr__,
+                    flush=True)
+            limit = LEADER_UNREACHABLE_S if cut_off else LEADER_SILENT_S
+            if now - silent_since > limit:
+                print(errors.HEADLESS_LEADER_GONE.format(leader=s.leader, seconds=limit),
                       file=sys.__stderr__, flush=True)
                 leave.leave_group(timeout=5, graceful=False)
                 runner.stop()

@@ -22,7 +22,7 @@ from typing import Any
 
 from rpcnb import errors, machine, progress, telemetry
 from rpcnb.cells.output import Printer, large
-from rpcnb.errors import RemoteError, WorkerDiedError
+from rpcnb.errors import RemoteError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.paths import zerocopy
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
@@ -91,6 +91,8 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         rpcnb.RemoteError: the code raised on the worker (``.worker`` names it, ``.traceback``
             is the remote traceback); ``CompositeRemoteError`` when several workers raised.
         rpcnb.WorkerDiedError: a worker died before or during the cell, or had left the group.
+        rpcnb.WorkerUnreachableError: a worker's host answered nothing for a few seconds
+            (a partition, a lost host); the cell may still run there.
         TimeoutError: ``timeout`` passed; the message says whether the cell stopped or
             still runs on the worker.
         KeyboardInterrupt: this process was interrupted while it waited.
@@ -521,7 +523,7 @@ class Cancelled(Exception):
 
 
 def _check_call(s: Session, call: Call) -> None:
-    """Finish ``call`` if its future is done or its worker is known dead."""
+    """Finish ``call`` if its future is done or its worker is known dead or unreachable."""
     proc = s.procs.get(call.worker)
     if proc is not None and not call.warned and time.monotonic() - call.started > 1.0 \
             and proc.stopped():
@@ -546,6 +548,9 @@ def _check_call(s: Session, call: Call) -> None:
     if call.worker in s.dead:
         call.done = True
         call.error = WorkerDiedError(s.death_message(call.worker), call.worker)
+    elif call.worker in s.unreachable:
+        call.done = True
+        call.error = WorkerUnreachableError(s.unreachable_message(call.worker), call.worker)
 
 
 def _call_failure(s: Session, worker: str, exc: BaseException) -> BaseException:
@@ -558,6 +563,8 @@ def _call_failure(s: Session, worker: str, exc: BaseException) -> BaseException:
             time.sleep(0.02)
     if worker in s.dead:
         return WorkerDiedError(s.death_message(worker), worker)
+    if worker in s.unreachable:
+        return WorkerUnreachableError(s.unreachable_message(worker), worker)
     return WorkerDiedError(f"The call to {worker!r} failed: {exc}", worker)
 
 

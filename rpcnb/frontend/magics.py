@@ -40,13 +40,13 @@ BAD_INTERVAL = "--interval must be a positive number of seconds, not {interval}.
 
 def usage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     """A ``ValueError`` or ``RpcnbError`` from the API (bad input, no such worker, no
-    group) becomes a one-line ``UsageError``; a remote cell's error and a dead worker pass
-    as they are, since they show the worker and what happened there."""
+    group) becomes a one-line ``UsageError``; a remote cell's error and a dead or
+    unreachable worker pass as they are, since they show the worker and what happened there."""
     @functools.wraps(method)
     def magic(*args: Any, **kwargs: Any) -> Any:
         try:
             return method(*args, **kwargs)
-        except (errors.WorkerDiedError, errors.RemoteError):
+        except (errors.WorkerDiedError, errors.WorkerUnreachableError, errors.RemoteError):
             raise
         except (ValueError, errors.RpcnbError) as exc:
             raise UsageError(str(exc)) from None

@@ -3,11 +3,13 @@
 A crashed member of a dynamic torch RPC group stays a member: the next join fails (and
 holds the membership token), and the survivors' shutdown waits ``rpc_timeout``. On the
 leader, ``watch`` (thread ``rpcnb-watch``) looks every 0.2 s for worker processes it
-started that exited without being asked to, and for joined kernels on this host whose
-pid is gone; ``declare`` then records how it died, wakes every call waiting on it,
-removes its shared memory, removes it from torch's group and tells the other members.
-It is the one place that declares a death. In a joined kernel on the leader's host,
-``watch_leader`` leaves the group when the leader's process is gone.
+started that exited without being asked to, for joined kernels on this host whose pid is
+gone, and pings every member that joined by itself (``Reach``: a closed connection is a
+death, a host that answers nothing at all is a partition or a lost host, marked
+unreachable and not declared dead); ``declare`` then records how it died, wakes every
+call waiting on it, removes its shared memory, removes it from torch's group and tells
+the other members. It is the one place that declares a death. In a joined kernel on the
+leader's host, ``watch_leader`` leaves the group when the leader's process is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from rpcnb import machine
 from rpcnb.cells import comms
 from rpcnb.membership import leave
 from rpcnb.paths import shm
@@ -25,21 +28,36 @@ from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
 
 POLL = 0.2  # seconds between looks
-PING_EVERY = 1.0  # seconds between the pings of a member on another host
-SILENT_S = 10.0  # a member on another host that answers nothing this long is dead
+PING_EVERY = 1.0  # seconds between the pings of a member that joined by itself
+PING_TIMEOUT = 30.0  # a ping unanswered this long is given up (it never means death)
+UNREACHABLE_S = 4.0  # a member whose host sent nothing this long is unreachable
 JOINED = ("kernel", "engine", "headless")  # members that joined by themselves
 LEADER_DIED = (
     "rpcnb: {leader}, the group's first kernel, is gone, and the group with it; this kernel "
     "left too. %rpc_init starts a new group (or joins another)."
 )
+# words of a failed call that say the network is in the way, not that the peer is gone
+NETWORK_WORDS = ("timeout", "timed out", "unreachable", "no route")
+
+
+def process_gone(exc: BaseException) -> bool:
+    """Whether a failed call says the peer's process is gone (its host answered: the
+    connection was closed, reset or refused) rather than that nothing came back."""
+    said = str(exc).lower()
+    return not any(word in said for word in NETWORK_WORDS)
+
+
+def host_of(address: str) -> str:
+    """The address part of a member's ``ADDR (IFACE)`` (what ``view`` shows), or ''."""
+    head = address.split(" ", 1)[0]
+    return "" if head in ("", "?", "-") else head
 
 
 def watch(s: Session) -> None:
     """On the leader: notice dead members within a fraction of a second (a second or two
-    on another host), and clean up."""
+    on another host), unreachable ones within ``UNREACHABLE_S``, and clean up."""
     host = socket.gethostname()
-    pings: dict[str, tuple[float, Any]] = {}  # name -> (sent at, future)
-    answered: dict[str, float] = {}
+    reach: dict[str, Reach] = {}
     while not s.closing:
         time.sleep(POLL)
         with s.lock:
@@ -48,48 +66,74 @@ def watch(s: Session) -> None:
             joined = [(m.name, m.kind, m.pid) for m in s.members.values()
                       if m.kind in JOINED and m.name != s.name and m.alive
                       and m.host == host and m.pid and m.name not in s.dead]
-            remote = [m.name for m in s.members.values()
-                      if m.name != s.name and m.alive and m.host and m.host != host
-                      and m.name not in s.dead and m.name not in s.procs]
+            pinged = [(m.name, host_of(m.address)) for m in s.members.values()
+                      if m.name != s.name and m.name not in s.dead
+                      and m.name not in s.procs]
         found += [(name, f"its {kind} process is gone") for name, kind, pid in joined
                   if not processes.pid_alive(pid)]
-        found += _silent(s, remote, pings, answered)
+        for name, address in pinged:
+            how = reach.setdefault(name, Reach(name, address)).look(s)
+            if how:
+                found.append((name, how))
+        for name in set(reach) - {n for n, _ in pinged}:
+            del reach[name]
         for name, how in found:
             if s.closing:
                 return
-            pings.pop(name, None)
+            reach.pop(name, None)
+            s.reachable(name)
             declare(s, name, how)
 
 
-def _silent(s: Session, names: list[str], pings: dict[str, tuple[float, Any]],
-            answered: dict[str, float]) -> list[tuple[str, str]]:
-    """Members on other hosts whose ping failed (a broken connection: the process or its
-    host is gone) or that answered nothing for ``SILENT_S``; pings the others again."""
-    now = time.monotonic()
-    dead = []
-    for name in names:
-        answered.setdefault(name, now)
-        sent = pings.get(name)
-        if sent is not None and sent[1].done():
+class Reach:
+    """Whether a member that joined by itself (it may be on another host: no pid to watch)
+    is alive, unreachable or gone. A ping goes every ``PING_EVERY``; an answer means alive.
+    A ping that fails because the connection closed means the member's host answered that
+    the process is gone: dead. Pings that get no answer for ``UNREACHABLE_S`` are asked
+    about at the network level (``machine.heard_from``): when the member's host has not
+    even acknowledged what was sent, it is unreachable (a partition, a lost host), which
+    is not a death: the member keeps its place and its namespace and is back when it
+    answers. A host that acknowledges but a member that does not answer is busy, not
+    unreachable (a slow link carrying a large transfer, a stopped process)."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name = name
+        self.address = address
+        self.answered = time.monotonic()
+        self.sent_at = 0.0
+        self.pings: list[Any] = []
+
+    def look(self, s: Session) -> str | None:
+        """One look: how it died, or None (its unreachable mark set or cleared)."""
+        now = time.monotonic()
+        for fut in [f for f in self.pings if f.done()]:
+            self.pings.remove(fut)
             try:
-                sent[1].wait()
-                answered[name] = now
+                fut.wait()
+                self.answered = now
             except Exception as exc:
-                if not s.closing and name not in s.dead:
+                if process_gone(exc) and not s.closing and self.name not in s.dead:
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    dead.append((name, f"its connection broke ({first[:80]})"))
-                    continue
-            sent = None
-            pings.pop(name)
-        if now - answered[name] > SILENT_S:
-            dead.append((name, f"it answered nothing for {SILENT_S:g} s"))
-            continue
-        if sent is None and now - answered[name] >= PING_EVERY:
+                    return f"its connection broke ({first[:80]})"
+        if now - self.sent_at >= PING_EVERY:
+            self.sent_at = now
             try:
-                pings[name] = (now, protocol.call_async(s.token, name, "probe_echo", timeout=0))
+                self.pings.append(protocol.call_async(s.token, self.name, "probe_echo",
+                                                      timeout=PING_TIMEOUT))
             except Exception:
                 pass
-    return dead
+        silent = now - self.answered
+        if silent < UNREACHABLE_S:
+            if s.reachable(self.name):
+                print(f"rpcnb: {self.name} answers again.", file=sys.__stderr__)
+            return None
+        heard = machine.heard_from(self.address) if self.address else None
+        if heard is not None and heard < UNREACHABLE_S:
+            return None  # its host acknowledges: busy, not cut off
+        if self.name not in s.unreachable:
+            quiet = silent if heard is None else min(silent, heard)
+            s.mark_unreachable(self.name, time.time() - quiet)
+        return None
 
 
 def declare(s: Session, name: str, how: str) -> None:

@@ -54,7 +54,8 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
     s.closing = True
     if s.watcher is not None:
         s.watcher.join(1)
-    others = [n for n in roster.live_names(s) if n != s.name]
+    # an unreachable member would not hear it: it is only removed from torch's group
+    others = [n for n in roster.live_names(s) if n != s.name and n not in s.unreachable]
     for name in others:
         proc = s.procs.get(name)
         if proc is not None:
@@ -68,7 +69,7 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         gone = {n for n, w in s.procs.items() if not w.alive()}
-        remaining = set(_torch.member_names()) - {s.name} - set(s.dead) - gone
+        remaining = set(_torch.member_names()) - {s.name} - set(s.dead) - gone - set(s.unreachable)
         if not remaining:
             break
         time.sleep(0.05)
@@ -82,7 +83,9 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
             roster.forget(s, name, steal_any=True)
         except Exception:
             pass
-    s.leaving = (True, 5.0)  # everyone else is gone: this member leaves in order
+    # everyone else is gone: this member leaves in order; but torch's graceful leave waits
+    # for every call in flight, and a call to an unreachable member never ends: at once
+    s.leaving = (not s.unreachable, 5.0)
     s.teardown.close()
 
 

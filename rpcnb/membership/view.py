@@ -1,5 +1,6 @@
 """The group as ``%rpc_workers`` shows it: every member with host, pid, kind, devices,
-whether it is alive (or how it died), its calls and recent latency."""
+whether it is alive (or how it died, or since when it is unreachable), its calls and
+recent latency."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Group, Member
 from rpcnb.wire import _torch
+
+ASK_S = 3.0  # how long %rpc_workers waits for each member to describe itself
 
 
 def memory_info() -> dict[str, Any]:
@@ -43,8 +46,10 @@ def group(refresh: bool = True) -> Group:
     ``%rpc_workers`` shows it.
 
     Args:
-        refresh: every other member is asked about itself (5 s at most); one that does not
-            answer shows as "not answering" until it answers again. False: what this
+        refresh: every other member is asked about itself (3 s at most); one that does not
+            answer shows as "not answering" until it answers again, and one whose host
+            answers nothing at all (the watcher found) as "unreachable since ...", not
+            asked. False: what this
             process last heard.
 
     Returns:
@@ -59,16 +64,19 @@ def group(refresh: bool = True) -> Group:
     futs = {}
     if refresh:
         for name in infos:
-            if name != s.name and name not in s.dead:
+            # an unreachable member is not asked: the watcher's pings say when it is back
+            if name != s.name and name not in s.dead and name not in s.unreachable:
                 try:
-                    futs[name] = (time.perf_counter(),
-                                  protocol.call_async(s.token, name, "describe_self", timeout=5))
+                    futs[name] = (time.perf_counter(), protocol.call_async(
+                        s.token, name, "describe_self", timeout=ASK_S))
                 except Exception:
                     pass
     for name, (t0, fut) in futs.items():
         try:
             info = fut.wait()
         except Exception as exc:
+            if name in s.unreachable:
+                continue  # the watcher found meanwhile: shown as unreachable below
             with s.lock:
                 m = s.members.setdefault(name, Member(name, infos[name]))
                 m.alive, m.how = False, f"not answering ({(str(exc).splitlines() or [repr(exc)])[0]})"
@@ -93,6 +101,10 @@ def group(refresh: bool = True) -> Group:
             m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
             if name in s.dead:
                 m.alive, m.how = False, s.dead[name]
+            since = s.unreachable.get(name)
+            m.unreachable = "" if since is None or name in s.dead else (
+                f"since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                f"({time.time() - since:.0f} s)")
             stats = telemetry.summary(name)
             m.calls, m.recent_ms = stats["calls"], stats["recent_ms"]
             rows.append(m)

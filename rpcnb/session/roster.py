@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rpcnb import errors
-from rpcnb.errors import RpcnbError, WorkerDiedError
+from rpcnb.errors import RpcnbError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.session import protocol, rendezvous
 from rpcnb.session.state import ALL, Member, Session
 from rpcnb.wire import _torch
@@ -146,6 +146,8 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
             continue
         if p in s.dead:
             raise WorkerDiedError(s.death_message(p), p)
+        if p in s.unreachable:
+            raise WorkerUnreachableError(s.unreachable_message(p), p)
         if p not in live:
             raise RpcnbError(errors.UNKNOWN_WORKER.format(name=p, known=", ".join(live)))
         if p not in names:
@@ -162,6 +164,8 @@ def forget(s: Session, name: str, steal_any: bool = False) -> None:
     """Remove ``name`` from torch's dynamic group (it died, or was refused), here and in
     every other member, so later joins and the final shutdown do not wait for it."""
     def tell(other: str, info: Any) -> None:
+        if other in s.unreachable:  # it would not hear it; it learns at its next call
+            return
         protocol.call(s.token, other, "drop_member", info, timeout=5)
 
     _torch.remove_member(name, tell, steal_any=steal_any)

@@ -1,5 +1,5 @@
 """This process's membership in a group, as one object: who it is, who the others are,
-which of them died, its calls in flight, the processes it started.
+which of them died or cannot be reached, its calls in flight, the processes it started.
 
 RPC threads, the death watcher and the notebook's thread all read and write it, so every
 mutable field is touched under ``Session.lock``. ``current()`` is the session of this
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class Member:
     recent_ms: float | None = None
     memory: dict[str, Any] = field(default_factory=dict)  # rss, shm (bytes), gpu (a list)
     address: str = ""  # where its TensorPipe listens: "ADDR (IFACE)"
+    unreachable: str = ""  # "since 14:02:11 (12 s)" while its host answers nothing
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Group:
                 m.name + (" (this kernel)" if m.name == self.me else ""),
                 str(m.rank), m.host, m.address or "-", str(m.pid or "-"), m.kind,
                 (",".join(m.devices) or "cpu") + (f" (GPU {m.gpus})" if m.gpus else ""),
-                "yes" if m.alive else f"no: {m.how}",
+                f"unreachable {m.unreachable}" if m.unreachable
+                else "yes" if m.alive else f"no: {m.how}",
                 str(m.calls),
                 "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",
                 _memory(m.memory),
@@ -152,6 +155,8 @@ class Session:
         self.specs: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
         self.members: dict[str, Member] = {}  # admitted members (they know the secret)
         self.dead: dict[str, str] = {}  # name -> how it died or left; names are not reused
+        # name -> since when (wall clock) its host has sent nothing (failures.watch says)
+        self.unreachable: dict[str, float] = {}
         self.calls: dict[str, Any] = {}  # call id -> a remote cell this process waits for
         self.background: dict[int, Any] = {}  # id -> a background cell this process sent
         self.jobs_started = 0  # background cells sent so far (their ids count up)
@@ -197,6 +202,30 @@ class Session:
             waiting = [c for c in self.calls.values() if c.worker == name]
         for call in waiting:
             call.inbox.put(("__dead__", name, -1, []))
+
+    def mark_unreachable(self, name: str, since: float) -> None:
+        """``name``'s host has sent nothing since ``since`` (``time.time()``): wake every
+        call waiting on it; it stays a member."""
+        with self.lock:
+            self.unreachable[name] = since
+            waiting = [c for c in self.calls.values() if c.worker == name]
+        for call in waiting:
+            call.inbox.put(("__dead__", name, -1, []))
+
+    def reachable(self, name: str) -> bool:
+        """``name`` answers again (or never stopped): whether it had been unreachable."""
+        with self.lock:
+            return self.unreachable.pop(name, None) is not None
+
+    def unreachable_message(self, name: str) -> str:
+        """What a call to the unreachable member ``name`` says."""
+        with self.lock:
+            since = self.unreachable.get(name, time.time())
+            m = self.members.get(name)
+            host = (m.address or m.host) if m is not None else ""
+        return errors.WORKER_UNREACHABLE.format(
+            name=name, host=host or "another host", ago=max(0.0, time.time() - since),
+            since=time.strftime("%H:%M:%S", time.localtime(since)))
 
     def revive(self, name: str) -> None:
         """``name`` is back (a fresh process under the same name, ``%rpc_restart``): calls

@@ -23,7 +23,8 @@ HOMES = {name: "rpcnb.api" for name in ("add_workers", "group", "init", "interru
                                        "join", "restart", "run", "run_bg", "shutdown")}
 HOMES |= {"attach": "rpcnb.integrations.ipyparallel", "copying": "rpcnb.paths.zerocopy",
           "load_ipython_extension": "rpcnb"}
-CLASSES = ["CompositeRemoteError", "Group", "RemoteError", "RpcnbError", "WorkerDiedError"]
+CLASSES = ["CompositeRemoteError", "Group", "RemoteError", "RpcnbError", "WorkerDiedError",
+           "WorkerUnreachableError"]
 RAISE_NOTHING = {"copying", "load_ipython_extension"}  # of their own
 SECTION = re.compile(r"^(Args|Returns|Yields|Raises|Attributes):\n((?:    .*\n|\n)*)", re.M)
 

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PUBLIC = [
     "ALL", "CompositeRemoteError", "Group", "RemoteError", "RpcnbError", "WorkerDiedError",
+    "WorkerUnreachableError",
     "add_workers", "attach", "copying", "group", "init", "interrupt", "jobs", "join",
     "load_ipython_extension", "restart", "run", "run_bg", "shutdown",
 ]
