@@ -71,15 +71,18 @@ def watch(s: Session) -> None:
                       and m.name not in s.procs]
         found += [(name, f"its {kind} process is gone") for name, kind, pid in joined
                   if not processes.pid_alive(pid)]
+        watched = {name for name, _, _ in joined}  # their pid says how they died
         for name, address in pinged:
             how = reach.setdefault(name, Reach(name, address)).look(s)
-            if how:
+            if how and name not in watched:
                 found.append((name, how))
         for name in set(reach) - {n for n, _ in pinged}:
             del reach[name]
         for name, how in found:
             if s.closing:
                 return
+            if name in s.dead:
+                continue
             reach.pop(name, None)
             s.reachable(name)
             declare(s, name, how)
