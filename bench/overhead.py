@@ -1,16 +1,20 @@
 """What rpcnb costs the calls a user's own torch RPC code makes, side by side in one run.
 
-    .venv/bin/python -m bench.overhead [--calls 300] [--turns 3] [--out PATH]
+    .venv/bin/python -m bench.overhead [--calls 100] [--turns 9] [--out PATH]
 
-A group of two processes on this host is started twice per turn: by torch's own
-``init_rpc`` (the ``torch`` column) and by ``rpcnb.init(1)`` (the ``rpcnb`` column), with the
-same transport (TensorPipe's ``uv`` on loopback). Each runs the same calls from a plain
-Python driver: ``rpc_sync``/``rpc_async``/``remote`` of an importable Python function and of
-builtins, and ``to_here``. The drivers take turns (torch, rpcnb, torch, ...), each figure
-is the median over the turns of the median call time, and the ratio is rpcnb / torch.
+Two groups of two processes on this host run at once: one started by torch's own
+``init_rpc`` (the ``torch`` column), one by ``rpcnb.init(1)`` (the ``rpcnb`` column), with the
+same transport (TensorPipe's ``uv`` on loopback). Each is driven by a plain Python process
+that makes the same calls: ``rpc_sync``/``rpc_async``/``remote`` of an importable Python
+function and of builtins, and ``to_here``. The two drivers take turns in batches of
+``--calls`` calls (torch, rpcnb, torch, ..., ``--turns`` each) while the other group idles,
+so both columns meet the same load on the machine (on a shared 2-core machine, figures
+taken minutes apart differ by more than what is measured); each figure is the median of
+all its calls, and the ratio is rpcnb / torch.
 
 The rpcnb driver also times what only rpcnb has, against what a user would compare it
-with: ``rpcnb.run(worker, "None")`` against a raw ``rpc_sync`` of a no-op, a Ray actor
+with: ``rpcnb.run(worker, "None")`` against a raw ``rpc_sync`` of a no-op in the torch-only
+group (in turns too), a Ray actor
 call (when Ray is installed; skipped with a message otherwise), large tensors to builtins
 against the same to a Python function, ``share_memory_()`` tensors sent by handle, and
 ``--push x --fetch`` of 100 MB (``rpcnb.run(..., push=, fetch=True)``) against a memcpy.
@@ -44,28 +48,18 @@ TARGETS = [
     ("rpc_sync builtin torch.add", "rpcnb", "torch", 1.05),
     ("rpc_async python fn", "rpcnb", "torch", 1.05),
     ("remote().to_here()", "rpcnb", "torch", 1.05),
-    ("rpcnb.run no-op", "rpcnb", "rpc_sync python fn", 1.2),
+    ("rpcnb.run no-op", "rpcnb", "torch rpc_sync python fn", 1.2),
     ("100 MB to builtin", "rpcnb", "100 MB to python fn", 1.2),
     ("push+fetch 100 MB", "rpcnb", "memcpy 100 MB", 1.5),
 ]
 
-DRIVER = r'''
-import json, os, statistics, sys, time
-mode, calls = sys.argv[1], int(sys.argv[2])
+DRIVER = r"""
+import json, os, sys, time
+mode = sys.argv[1]
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 import torch
 import torch.distributed.rpc as rpc
 from bench.targets import consume, noop
-
-def timed(fn, n=calls, warm=20):
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out) * 1e3
 
 if mode == "torch":
     import subprocess, tempfile
@@ -87,37 +81,56 @@ else:
 small = torch.ones(16)
 a, b = torch.ones(4), torch.ones(4)
 rows = {
-    "rpc_sync python fn": timed(lambda: rpc.rpc_sync("worker1", noop)),
-    "rpc_sync python fn, 16 floats": timed(lambda: rpc.rpc_sync("worker1", consume, args=(small,))),
-    "rpc_sync builtin torch.add": timed(lambda: rpc.rpc_sync("worker1", torch.add, args=(a, b))),
-    "rpc_async python fn": timed(lambda: rpc.rpc_async("worker1", noop).wait()),
-    "remote().to_here()": timed(lambda: rpc.remote("worker1", torch.add, args=(a, b)).to_here()),
+    "rpc_sync python fn": lambda: rpc.rpc_sync("worker1", noop),
+    "rpc_sync python fn, 16 floats": lambda: rpc.rpc_sync("worker1", consume, args=(small,)),
+    "rpc_sync builtin torch.add": lambda: rpc.rpc_sync("worker1", torch.add, args=(a, b)),
+    "rpc_async python fn": lambda: rpc.rpc_async("worker1", noop).wait(),
+    "remote().to_here()": lambda: rpc.remote("worker1", torch.add, args=(a, b)).to_here(),
 }
 if mode == "rpcnb":
-    rows["rpcnb.run no-op"] = timed(lambda: rpcnb.run("worker1", "None", fetch=True))
     big = torch.ones(25 * 1024 * 1024)  # 100 MB
-    few = max(5, calls // 30)
-    rows["100 MB to python fn"] = timed(lambda: rpc.rpc_sync("worker1", consume, args=(big,)), few, 2)
-    rows["100 MB to builtin"] = timed(lambda: rpc.rpc_sync("worker1", torch.numel, args=(big,)), few, 2)
-    for size in (1, 512):
-        shared = torch.ones(size * 1024 * 1024 // 4).share_memory_()
-        rows[f"shared {size} MB to python fn"] = timed(
-            lambda: rpc.rpc_sync("worker1", consume, args=(shared,)), few, 2)
-        rows[f"shared {size} MB to builtin"] = timed(
-            lambda: rpc.rpc_sync("worker1", torch.numel, args=(shared,)), few, 2)
-        del shared
+    shared = {size: torch.ones(size * 1024 * 1024 // 4).share_memory_() for size in (1, 512)}
     dst = torch.empty_like(big)
-    rows["memcpy 100 MB"] = timed(lambda: dst.copy_(big), few, 2)
-    rows["push+fetch 100 MB"] = timed(
-        lambda: rpcnb.run("worker1", "x", push={"x": big}, fetch=True), few, 2)
+    rows.update({
+        "rpcnb.run no-op": lambda: rpcnb.run("worker1", "None", fetch=True),
+        "100 MB to python fn": lambda: rpc.rpc_sync("worker1", consume, args=(big,)),
+        "100 MB to builtin": lambda: rpc.rpc_sync("worker1", torch.numel, args=(big,)),
+        "memcpy 100 MB": lambda: dst.copy_(big),
+        "push+fetch 100 MB": lambda: rpcnb.run("worker1", "x", push={"x": big}, fetch=True),
+    })
+    for size, t in shared.items():
+        rows[f"shared {size} MB to python fn"] = lambda t=t: rpc.rpc_sync("worker1", consume, args=(t,))
+        rows[f"shared {size} MB to builtin"] = lambda t=t: rpc.rpc_sync("worker1", torch.numel, args=(t,))
+print("READY", flush=True)
+for line in sys.stdin:  # {"row": ..., "n": ..., "warm": ...}: time n calls, print them
+    ask = json.loads(line)
+    if ask.get("quit"):
+        break
+    fn = rows[ask["row"]]
+    for _ in range(ask["warm"]):
+        fn()
+    out = []
+    for _ in range(ask["n"]):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    print("TIMES " + json.dumps(out), flush=True)
+if mode == "rpcnb":
     rpcnb.shutdown()
 else:
     rpc.shutdown()
     peer.wait(30)
-print("ROWS " + json.dumps(rows))
-'''
+"""
 
-RAY = r'''
+# rows only the rpcnb driver has, and how many calls a batch of each makes (of ``calls``)
+RPCNB_ONLY = {"rpcnb.run no-op": 1, "100 MB to python fn": 30, "100 MB to builtin": 30,
+              "shared 1 MB to python fn": 30, "shared 1 MB to builtin": 30,
+              "shared 512 MB to python fn": 30, "shared 512 MB to builtin": 30,
+              "memcpy 100 MB": 30, "push+fetch 100 MB": 30}
+BOTH = ["rpc_sync python fn", "rpc_sync python fn, 16 floats", "rpc_sync builtin torch.add",
+        "rpc_async python fn", "remote().to_here()"]
+
+RAY = r"""
 import json, statistics, sys, time
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -127,34 +140,63 @@ class A:
         return None
 a = A.remote()
 ray.get(a.noop.remote())
-out = []
-for i in range(int(sys.argv[1]) + 20):
-    t0 = time.perf_counter()
-    ray.get(a.noop.remote())
-    if i >= 20:
+print("READY", flush=True)
+for line in sys.stdin:
+    ask = json.loads(line)
+    if ask.get("quit"):
+        break
+    for _ in range(ask["warm"]):
+        ray.get(a.noop.remote())
+    out = []
+    for _ in range(ask["n"]):
+        t0 = time.perf_counter()
+        ray.get(a.noop.remote())
         out.append(time.perf_counter() - t0)
-print("ROWS " + json.dumps({"ray actor call": statistics.median(out) * 1e3}))
+    print("TIMES " + json.dumps(out), flush=True)
 ray.shutdown()
-'''
+"""
 
 
-def _run(code: str, *args: str, timeout: float = 600) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=tempfile.gettempdir(), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
+class Driver:
+    """One driver process (a group of two, or Ray), asked for batches of timed calls."""
+
+    def __init__(self, code: str, *args: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", code, *args],
+                                     cwd=tempfile.gettempdir(), env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.seen: list[str] = []
+        self._until("READY")
+
+    def _until(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line
+            self.seen.append(line)
+        raise RuntimeError(f"{self.proc.args[3:]} stopped:\n{''.join(self.seen[-60:])}")
+
+    def batch(self, row: str, n: int, warm: int) -> list[float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"row": row, "n": n, "warm": warm}) + "\n")
+        self.proc.stdin.flush()
+        return [t * 1e3 for t in json.loads(self._until("TIMES ")[6:])]
+
+    def close(self) -> None:
         try:
-            os.killpg(proc.pid, 9)  # its worker too
-        except ProcessLookupError:
+            if self.proc.stdin is not None:
+                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+                self.proc.stdin.close()
+            self.proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
             pass
-        proc.wait()
-    found = [line for line in out.splitlines() if line.startswith("ROWS ")]
-    if not found:
-        raise RuntimeError(f"{args} printed no figures:\n{out[-3000:]}")
-    return json.loads(found[-1][5:])
+        finally:
+            try:
+                os.killpg(self.proc.pid, 9)  # its worker too
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
 
 
 def _has_ray() -> bool:
@@ -166,25 +208,52 @@ def _has_ray() -> bool:
 
 
 def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, float]]] = {"torch": [], "rpcnb": [], "ray": []}
+    """Both groups (and Ray) run at once, idle but for the batch asked of one of them: each
+    row's batches alternate torch, rpcnb, torch, ... (``turns`` of each), so both columns
+    meet the same load on the machine. Each figure is the median of all its calls."""
     ray = _has_ray()
-    for _ in range(turns):
-        runs["torch"].append(_run(DRIVER, "torch", str(calls)))
-        runs["rpcnb"].append(_run(DRIVER, "rpcnb", str(calls)))
+    drivers = {"torch": Driver(DRIVER, "torch"), "rpcnb": Driver(DRIVER, "rpcnb")}
+    try:
         if ray:
-            runs["ray"].append(_run(RAY, str(calls)))
-    med = {mode: {row: statistics.median(r[row] for r in rs) for row in rs[0]}
-           for mode, rs in runs.items() if rs}
-    rows = []
-    for row in med["rpcnb"]:
-        rows.append({"call": row, "torch_ms": med["torch"].get(row), "rpcnb_ms": med["rpcnb"][row]})
+            drivers["ray"] = Driver(RAY)
+        times: dict[str, dict[str, list[float]]] = {m: {} for m in drivers}
+        for row in BOTH:
+            for _ in range(turns):
+                for mode in ("torch", "rpcnb"):
+                    times[mode].setdefault(row, []).extend(drivers[mode].batch(row, calls, 20))
+        for _ in range(turns):
+            times["rpcnb"].setdefault("rpcnb.run no-op", []).extend(
+                drivers["rpcnb"].batch("rpcnb.run no-op", calls, 20))
+            times["torch"].setdefault("rpc_sync python fn (again)", []).extend(
+                drivers["torch"].batch("rpc_sync python fn", calls, 20))
+            if ray:
+                times["ray"].setdefault("ray actor call", []).extend(
+                    drivers["ray"].batch("", calls, 20))
+        for row, share in RPCNB_ONLY.items():
+            if share == 1:
+                continue
+            few = max(5, calls // share)
+            for _ in range(turns):
+                times["rpcnb"].setdefault(row, []).extend(drivers["rpcnb"].batch(row, few, 2))
+    finally:
+        for d in drivers.values():
+            d.close()
+    med = {mode: {row: statistics.median(v) for row, v in rows.items()}
+           for mode, rows in times.items()}
+    rows = [{"call": row, "torch_ms": med["torch"].get(row), "rpcnb_ms": med["rpcnb"][row]}
+            for row in [*BOTH, *RPCNB_ONLY]]
     if ray:
         rows.append({"call": "ray actor call", "torch_ms": None, "rpcnb_ms": None,
                      "ray_ms": med["ray"]["ray actor call"]})
     targets = []
     for row, _measured, against, limit in TARGETS:
         value = med["rpcnb"][row]
-        base = med["torch"][row] if against == "torch" else med["rpcnb"][against]
+        if against == "torch":
+            base = med["torch"][row]
+        elif against == "torch rpc_sync python fn":  # the raw call, in a torch-only group
+            base = med["torch"]["rpc_sync python fn (again)"]
+        else:
+            base = med["rpcnb"][against]
         targets.append({"row": row, "against": against, "ratio": value / base, "limit": limit,
                         "met": value / base <= limit})
     if ray:
@@ -221,7 +290,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def measure(ctx: Any) -> dict[str, Any]:
-    calls, turns = (100, 1) if ctx.quick else (300, 3)
+    calls, turns = (100, 2) if ctx.quick else (100, 9)
     ctx.log(f"overhead: torch-only and rpcnb groups in turns, {calls} calls, {turns} turns")
     return measure_turns(calls, turns)
 
@@ -249,8 +318,8 @@ def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n")[0])
-    ap.add_argument("--calls", type=int, default=300)
-    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--turns", type=int, default=9)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = ap.parse_args(argv)
     t0 = time.monotonic()

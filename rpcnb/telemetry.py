@@ -181,32 +181,20 @@ def _failed(fut: Any) -> bool:
     return False
 
 
-class _Sending(threading.local):
-    peer: str | None = None
+class Sending(threading.local):
+    """What this thread is sending now: set around each call by ``rpcnb.paths.calls`` (plain
+    attributes with class defaults: it sits on every call)."""
+
+    peer: str | None = None  # the call's destination; None outside a call (a reply)
+    handed: list[int] | None = None  # storages handed over by handle (rpcnb.paths.zerocopy)
 
 
-_sending = _Sending()
-
-
-class sending:  # noqa: N801 - used like a function: ``with telemetry.sending(peer):``
-    """While this thread sends an RPC to ``peer`` (``current_peer`` names it)."""
-
-    __slots__ = ("peer", "old")
-
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
-
-    def __enter__(self) -> None:
-        self.old = _sending.peer
-        _sending.peer = self.peer
-
-    def __exit__(self, *exc: Any) -> None:
-        _sending.peer = self.old
+SENDING = Sending()
 
 
 def current_peer() -> str:
     """The peer of the RPC this thread is sending right now ('' for a reply or unknown)."""
-    return _sending.peer or ""
+    return SENDING.peer or ""
 
 
 # rpcnb's own bookkeeping calls, left out of the traffic the channel monitor shows

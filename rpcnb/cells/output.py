@@ -126,11 +126,20 @@ def large(items: list[Any]) -> bool:
     return sum(len(p) for k, p in items if k in ("stdout", "stderr")) >= LARGE_OUTPUT
 
 
+class _Local(threading.local):
+    """A thread's routing (class defaults: a missing attribute of a plain threading.local
+    costs half a microsecond, on every call another member makes)."""
+
+    capture: Capture | None = None  # the cell this thread runs
+    pending: tuple[str, str, str] | None = None  # a plain call's (sender, name, token)
+    widget_outputs: list[Any] | None = None
+
+
 class _Router:
     """Which capture a write goes to (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self.local = threading.local()  # .capture: the cell this thread runs
+        self.local = _Local()
         self.lock = threading.Lock()
         self.active: dict[int, Capture] = {}  # thread id -> capture, for the flusher
         self.process: Capture | None = None  # in a worker process: the running cell's
@@ -141,16 +150,16 @@ class _Router:
     def widget_outputs(self) -> list[Any]:
         """The ``ipywidgets.Output`` widgets this thread is inside (``with out:``), innermost
         last: what it prints and displays goes into the innermost (rpcnb.cells.comms)."""
-        stack = getattr(self.local, "widget_outputs", None)
+        stack = self.local.widget_outputs
         if stack is None:
             stack = self.local.widget_outputs = []
         return stack
 
     def current(self) -> Capture | None:
-        cap = getattr(self.local, "capture", None)
+        cap = self.local.capture
         if cap is not None:
             return cap
-        pending = getattr(self.local, "pending", None)
+        pending = self.local.pending
         if pending is not None:  # a plain call another member made: its first write
             cap = Capture(None, *pending)
             self.enter(cap, process_wide=False)
@@ -215,7 +224,7 @@ class RoutingStream:
         self._open: tuple[int, float] | None = None  # (thread, when) of an unfinished line
 
     def write(self, text: str) -> int:
-        widgets = getattr(router.local, "widget_outputs", None)
+        widgets = router.local.widget_outputs
         if widgets:  # inside `with output_widget:` on a worker
             _append_to_widget(widgets[-1], self._name, text)
             return len(text)
@@ -277,7 +286,7 @@ class RoutingDisplayPublisher:
 
     def publish(self, data: Any, metadata: Any = None, source: Any = None, *,
                 transient: Any = None, update: bool = False, **kwargs: Any) -> None:
-        widgets = getattr(router.local, "widget_outputs", None)
+        widgets = router.local.widget_outputs
         if widgets:  # inside `with output_widget:` on a worker
             widgets[-1].outputs += ({"output_type": "display_data", "data": data,
                                      "metadata": metadata or {}},)
@@ -291,7 +300,7 @@ class RoutingDisplayPublisher:
                                 "transient": transient or {}, "update": update})
 
     def clear_output(self, wait: bool = False) -> None:
-        widgets = getattr(router.local, "widget_outputs", None)
+        widgets = router.local.widget_outputs
         if widgets:
             widgets[-1].outputs = ()
             return
@@ -310,22 +319,39 @@ def capture_call(func: Any, sender: str) -> Any:
     output captured for ``sender`` and delivered before the call returns, so it lands in
     the cell that made the call, and in time (output it leaves to other threads goes to
     the process's background capture). In a worker process only: a kernel's output is
-    its own notebook's."""
+    its own notebook's. One wrapper per function and caller, kept (it sits on every call)."""
     s = state.active()
     if s is None or s.runner is None or not s.runner.on_main:
         # a kernel: what it prints is already in its own notebook's running cell
         return func
+    key = (func, sender, s.token)
+    try:
+        run = _wrapped.get(key)
+    except TypeError:  # a callable object that cannot be hashed
+        return _capturing(func, (sender, s.name, s.token))
+    if run is None:
+        if len(_wrapped) > 256:  # functions sent by value arrive as new objects each time
+            _wrapped.clear()
+        run = _wrapped[key] = _capturing(func, (sender, s.name, s.token))
+    return run
+
+
+_wrapped: dict[tuple[Any, str, str], Any] = {}
+
+
+def _capturing(func: Any, pending: tuple[str, str, str]) -> Any:
+    local = router.local
 
     def run(*args: Any, **kwargs: Any) -> Any:
         # the capture is made at the first write: most calls print nothing
-        router.local.pending = (sender, s.name, s.token)
+        local.pending = pending
         try:
             return func(*args, **kwargs)
         except Exception as exc:
-            raise sendable(exc, func, s.name) from None
+            raise sendable(exc, func, pending[1]) from None
         finally:
-            router.local.pending = None
-            cap = getattr(router.local, "capture", None)
+            local.pending = None
+            cap = local.capture
             if cap is not None:
                 router.leave(process_wide=False)
                 cap.close()

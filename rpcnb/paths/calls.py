@@ -26,26 +26,33 @@ def prepare(tensor: type, rref_future: Any) -> None:
 
 
 def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
-    """Around every rpc_sync / rpc_async / remote: the call's record in telemetry.
-
-    A call is timed where that costs nothing: ``rpc_sync``'s on the caller's thread, as it
-    waits (``_Timed``). Timing an ``rpc_async`` or ``remote`` call takes a callback on
-    TensorPipe's thread when it completes, which contends for the GIL with the thread that
-    waits; it is taken only while someone looks (``telemetry.timing()``: a channel
-    monitor or the JupyterLab panel, or ``RPCNB_CALL_TIMES=1``). Otherwise the call is
-    counted, without a time."""
+    """Around every rpc_sync / rpc_async / remote: the call counted in telemetry, and
+    timed only while someone looks (``telemetry.timing()``: a channel monitor or the
+    JupyterLab panel, or ``RPCNB_CALL_TIMES=1``). An ``rpc_sync`` is timed on the
+    caller's thread, in its wait (``_Timed``); an ``rpc_async`` or ``remote`` by a callback
+    on TensorPipe's thread when it completes. Storages sent by handle are released once
+    the call has completed."""
     peer = to if type(to) is str else str(getattr(to, "name", to))
-    with telemetry.sending(peer), zerocopy.collecting() as shared:
+    now = telemetry.SENDING
+    old_peer, old_handed = now.peer, now.handed
+    now.peer, now.handed = peer, None
+    try:
         if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
             # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
             # the same operator, they take shared memory (or go by handle) as any call's
             result = send(run_builtin, (func, tuple(args or ()), dict(kwargs or {})), None)
         else:
             result = send()
-    if sync:
-        return _Timed(result, peer, func, args, kwargs, shared)
-    is_rref = not hasattr(result, "add_done_callback")
+        shared = now.handed
+    finally:
+        now.peer, now.handed = old_peer, old_handed
     timing = telemetry.timing()
+    if sync:
+        if timing or shared:
+            return _Timed(result, peer, func, args, kwargs, shared, timing)
+        telemetry.count(peer)
+        return result
+    is_rref = not hasattr(result, "add_done_callback")
     if not (shared or timing):
         telemetry.count(peer)
         return result
@@ -105,15 +112,16 @@ def _op(func: Any, args: Any) -> str:
 
 
 class _Timed:
-    """The future of an ``rpc_sync`` call, which ``rpc_sync`` waits on at once: timed, and
-    its shared storages released, in that wait, on the caller's thread. What the record
-    says of the call (its name, its bytes) is worked out once it is back."""
+    """The future of an ``rpc_sync`` call, which ``rpc_sync`` waits on at once: timed (or
+    counted), and its shared storages released, in that wait, on the caller's thread. What
+    the record says of the call (its name, its bytes) is worked out once it is back."""
 
-    __slots__ = ("_fut", "_peer", "_call", "_shared", "_start", "_t0")
+    __slots__ = ("_fut", "_peer", "_call", "_shared", "_timed", "_start", "_t0")
 
     def __init__(self, fut: Any, peer: str, func: Any, args: Any, kwargs: Any,
-                 shared: list[int]) -> None:
-        self._fut, self._peer, self._call, self._shared = fut, peer, (func, args, kwargs), shared
+                 shared: list[int] | None, timed: bool) -> None:
+        self._fut, self._peer, self._call = fut, peer, (func, args, kwargs)
+        self._shared, self._timed = shared, timed
         self._start, self._t0 = time.time(), time.perf_counter()
 
     def wait(self) -> Any:
@@ -123,10 +131,14 @@ class _Timed:
             ok = True
             return value
         finally:
-            took = time.perf_counter() - self._t0
-            func, args, kwargs = self._call
-            telemetry.record(self._peer, _op(func, args), self._start, took,
-                             telemetry.tensor_bytes(args, kwargs) if args or kwargs else 0, ok=ok)
+            if self._timed:
+                took = time.perf_counter() - self._t0
+                func, args, kwargs = self._call
+                telemetry.record(self._peer, _op(func, args), self._start, took,
+                                 telemetry.tensor_bytes(args, kwargs) if args or kwargs else 0,
+                                 ok=ok)
+            else:
+                telemetry.count(self._peer)
             if self._shared:
                 zerocopy.release(self._shared)
 

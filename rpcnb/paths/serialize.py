@@ -19,6 +19,7 @@ installs both as soon as the user's code imports torch.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import dataclasses
 import functools
 import importlib.abc
@@ -75,11 +76,12 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
 
 
 def _serialize_plain(obj: Any) -> tuple[bytes, list[Any]]:
-    """A message of functions importable by name and plain values: the C pickler alone,
-    with the same dispatch table (tensors still take rpcnb's paths), as fast as torch's."""
+    """A message of functions importable by name, plain values and tensors: the C pickler
+    alone, with copyreg's table and rpcnb's tensor reducer (a plain message holds nothing
+    else that a table entry would change), as fast as torch's."""
     f = io.BytesIO()
     p = pickle.Pickler(f, protocol=PROTOCOL)
-    p.dispatch_table = _table[1] if _table is not None else _dispatch_table(obj)
+    p.dispatch_table = _PLAIN_TABLE
     tables = _TENSOR_TABLES
     old = getattr(tables, "send_tables", None)
     tensors: list[Any] = []
@@ -98,6 +100,7 @@ def _serialize_plain(obj: Any) -> tuple[bytes, list[Any]]:
 
 
 _TENSOR_TABLES: Any = None  # torch's thread-local RPC tensor tables, once installed
+_PLAIN_TABLE: dict[Any, Any] = {}  # copyreg's and torch.Tensor's reducer, once installed
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
 _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
 _BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
@@ -432,13 +435,15 @@ def install() -> None:
             return
         from rpcnb.wire import _torch
 
-        global _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES
+        global _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES, _PLAIN_TABLE
         import torch
 
         from rpcnb.paths import calls
 
         _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
         calls.prepare(torch.Tensor, _torch.rref_future)
+        _PLAIN_TABLE = {**copyreg.dispatch_table,
+                        torch.Tensor: functools.partial(_reduce_tensor, _torch.tensor_reducer())}
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)
         # With devices set, torch finds the CUDA tensors in a Python result by pickling

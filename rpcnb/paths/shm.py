@@ -387,6 +387,8 @@ def _release(mm: mmap.mmap, ptr: int = 0) -> None:
 def origin_of(tensor: Any) -> tuple[str, int, int] | None:
     """(buffer name, mapping size, storage bytes) when ``tensor``'s storage is a peer's
     pool buffer mapped here; None otherwise."""
+    if not _origins:  # nothing mapped from a peer: the common case, without the lock
+        return None
     storage = tensor.untyped_storage()
     with _lock:
         found = _origins.get(storage.data_ptr())

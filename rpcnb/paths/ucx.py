@@ -176,7 +176,7 @@ def wants(tensor: Any) -> bool:
     import torch
 
     return (
-        tensor.device.type in ("cpu", "cuda")
+        (tensor.is_cpu or tensor.is_cuda)
         and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
         and tensor.layout == torch.strided
         and not tensor.is_quantized

@@ -49,7 +49,6 @@ _env_on = os.environ.get("RPCNB_ZERO_COPY", "1").lower() not in ("0", "false", "
 
 class _Local(threading.local):
     copy = False  # inside copying()
-    pending: list[int] | None = None  # the keys collecting() gathers for this send
 
 
 _local = _Local()
@@ -86,21 +85,6 @@ def copying() -> Iterator[None]:
     finally:
         _local.copy = old
 
-
-class collecting:  # noqa: N801 - used like a function: ``with zerocopy.collecting() as keys:``
-    """Around one send: the keys of the storages it sent by handle, to ``release`` when
-    its call has completed. (A class, not a generator: it sits on every call.)"""
-
-    __slots__ = ("keys", "old")
-
-    def __enter__(self) -> list[int]:
-        self.old = _local.pending
-        self.keys: list[int] = []
-        _local.pending = self.keys
-        return self.keys
-
-    def __exit__(self, *exc: Any) -> None:
-        _local.pending = self.old
 
 
 def release(keys: list[int]) -> None:
@@ -146,30 +130,39 @@ def can_share(tensor: Any) -> bool:
             and tensor.untyped_storage().is_shared() and is_on())
 
 
-def _strided() -> Any:
-    import torch
+_STRIDED: Any = None
 
-    return torch.strided
+
+def _strided() -> Any:
+    global _STRIDED
+    if _STRIDED is None:
+        import torch
+
+        _STRIDED = torch.strided
+    return _STRIDED
 
 
 def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     """The reduce tuple that maps ``tensor``'s shared storage on the receiver, or None
     when it is not shared memory this path can hand over (or the path is off)."""
-    if not tensor.is_cpu or tensor.requires_grad or not is_on():
+    # the cheapest tests first: most tensors are neither shared nor over a peer's pool
+    # buffer (this sits on every tensor sent); untyped_storage().is_shared() is
+    # tensor.is_shared() without its TypedStorage (1.4 us)
+    if not tensor.is_cpu or tensor.requires_grad or tensor.layout != _strided() \
+            or tensor.is_quantized:
         return None
-    import torch
-
-    if tensor.layout != torch.strided or tensor.is_quantized:
+    shared = tensor.untyped_storage().is_shared()
+    origin = None if shared else shm.origin_of(tensor)
+    if not (shared or origin) or not is_on():
         return None
     from rpcnb.wire import _torch
 
     start, t0 = telemetry.now(), time.perf_counter()
-    # untyped_storage().is_shared() is tensor.is_shared() without its TypedStorage (1.4 us)
-    handle = _torch.shared_storage_handle(tensor) if tensor.untyped_storage().is_shared() else None
+    handle = _torch.shared_storage_handle(tensor) if shared else None
     if handle is None:
         # a tensor over a peer's pool buffer (it arrived by rpcnb_shm, or so): the buffer's
         # name; the receiver takes a slot in its header, so its creator keeps it
-        origin = shm.origin_of(tensor)
+        origin = origin or shm.origin_of(tensor)
         s = state.active()
         token = None if origin is None or s is None else shm.in_transit(origin[0], origin[1], s.rank)
         if origin is None or token is None:
@@ -182,11 +175,13 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
         where = handle
     if where[0] != "pool":  # a pool buffer is kept by its in-transit byte instead
         key = next(_keys)
-        pending = _local.pending
         with _lock:
             _held[key] = (tensor.untyped_storage(), time.monotonic() + HOLD_S)
-        if pending is not None:
-            pending.append(key)
+        sending = telemetry.SENDING
+        if sending.peer is not None:  # a call (not a reply): released once it completes
+            if sending.handed is None:
+                sending.handed = []
+            sending.handed.append(key)
     nbytes = tensor.element_size() * tensor.nelement()
     _count(sent=1, sent_bytes=nbytes)
     telemetry.record(telemetry.current_peer(), "tensor", start, time.perf_counter() - t0,

@@ -61,18 +61,17 @@ def test_plain_rpc_calls_and_cells_are_recorded(api_group, monkeypatch):
 
 
 def test_untimed_calls_are_counted(api_group, monkeypatch):
-    """Nobody looking: an rpc_sync call is still timed (on the caller's own thread), an
-    rpc_async or remote call only counted (timing it costs a callback per call)."""
+    """Nobody looking: a plain call is only counted (timing costs every call, docs/
+    benchmarks.md); a remote cell is timed all the same (%rpc_workers' "recent")."""
     monkeypatch.delenv(telemetry.TIMING_ENV, raising=False)
     assert not telemetry.timing()
     telemetry.clear()
     _calls(1024)
     recs = telemetry.records("worker1")
     ops = [r["op"] for r in recs]
-    assert ops.count("size_of") == 1 and "remote:size_of" not in ops and "cell" in ops
-    assert next(r for r in recs if r["op"] == "size_of")["duration"] > 0
-    # counted, not timed: the rpc_async call, the remote, and the cell's own run_cell request
-    assert telemetry.summary("worker1")["calls"] == len(recs) + 3
+    assert "size_of" not in ops and "remote:size_of" not in ops and "cell" in ops
+    # counted, not timed: rpc_sync, rpc_async, remote, and the cell's own run_cell request
+    assert telemetry.summary("worker1")["calls"] == len(recs) + 4
 
 
 def test_ring_buffer_is_bounded():
