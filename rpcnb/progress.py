@@ -6,6 +6,7 @@ one row per worker for ``%rpc_init``. Nothing here talks to other members.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -166,21 +167,37 @@ class Transfers:
             self.end(worker, ok)
 
 
+DELAY_ENV = "RPCNB_PROGRESS_DELAY"  # seconds a transfer runs before its bar shows
+
+
 class Ticker:
     """A transfer of known size but no known progress inside it (one TensorPipe message,
-    one shared-memory copy): a moving bar with the seconds so far, then its rate."""
+    one shared-memory copy): a moving bar with the seconds so far, then its rate. It shows
+    only once the transfer has taken ``RPCNB_PROGRESS_DELAY`` seconds (0.5; as tqdm's
+    ``delay``): 100 MB on one host takes milliseconds, and a bar for it would cost more
+    than the transfer."""
 
     def __init__(self, what: str, nbytes: int) -> None:
         self.what = what
         self.nbytes = nbytes
         self.t0 = time.monotonic()
-        self.line = Line(self._body())
+        self.line: Line | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._delay = float(os.environ.get(DELAY_ENV, "0.5") or 0)
         self._thread: threading.Thread | None = None
-        if self.line._handle is not None:  # a terminal shows the final line only
+        if self._delay <= 0:
+            self._show()
+        if self._delay > 0 or (self.line is not None and self.line._handle is not None):
+            # a terminal shows the first and the final line only
             self._thread = threading.Thread(target=self._tick, name="rpcnb-progress",
                                             daemon=True)
             self._thread.start()
+
+    def _show(self) -> None:
+        with self._lock:
+            if self.line is None and not self._stop.is_set():
+                self.line = Line(self._body())
 
     def _body(self) -> str:
         t = time.monotonic() - self.t0
@@ -189,13 +206,21 @@ class Ticker:
         return f"{self.what} {text.size(self.nbytes)} [{moving[:24]}] {t:.1f} s"
 
     def _tick(self) -> None:
-        while not self._stop.wait(0.25):
+        if self._delay > 0:
+            if self._stop.wait(self._delay):
+                return
+            self._show()
+        while self.line is not None and self.line._handle is not None \
+                and not self._stop.wait(0.25):
             self.line.update(self._body())
 
     def done(self, ok: bool = True) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         if self._thread is not None:
             self._thread.join(1)
+        if self.line is None:  # over before its bar showed
+            return
         t = max(time.monotonic() - self.t0, 1e-9)
         end = (f"{self.what} {text.size(self.nbytes)} {bar(1, 1)} {t:.1f} s, "
                f"{text.size(self.nbytes / t)}/s" if ok else f"{self.what} {text.size(self.nbytes)}: stopped")

@@ -429,6 +429,9 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
         call = calls.get(cid)
         if call is None:
             return
+        if seq < 0:  # out of the batches' order (a transfer's progress): shown at once
+            printer.items(wname, items)
+            return
         call.held[seq] = items
         while call.next_seq in call.held:
             batch = call.held.pop(call.next_seq)

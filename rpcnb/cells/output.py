@@ -17,6 +17,7 @@ workers' bars show as two moving lines.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -89,6 +90,19 @@ class Capture:
             self._items.append((kind, payload))
         self.flush()
 
+    def mark(self, payload: dict[str, Any]) -> None:
+        """A transfer's progress mark that goes with the next batch (the flusher sends it
+        within FLUSH_INTERVAL while the cell runs); dropped if the cell ends first: its
+        result says as much, without a round trip of its own."""
+        with self._lock:
+            self._items.append(("progress", payload))
+
+    def out_of_band(self, kind: str, payload: dict[str, Any]) -> None:
+        """Send one item now, outside the batches' order (seq -1): nothing waits for it."""
+        with contextlib.suppress(Exception):  # the caller is gone: nobody to show it
+            protocol.call_async(self.token, self.caller, "deliver", self.call_id,
+                                self.worker, -1, [(kind, payload)], timeout=None)
+
     def flush(self) -> None:
         with self._lock:
             if not self._items:
@@ -107,6 +121,8 @@ class Capture:
 
     def close(self, timeout: float = 10.0) -> int:
         """Send what is left, wait until the caller has it; returns the batch count."""
+        with self._lock:
+            self._items = [item for item in self._items if item[0] != "progress"]
         self.flush()
         deadline = time.monotonic() + timeout
         for fut in self._futures:

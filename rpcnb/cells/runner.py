@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +145,7 @@ class CellRunner:
         router.enter(cap, process_wide=self.on_main)
         t0 = time.perf_counter()
         if job.push and progress.payload_bytes(list(job.push.values())) >= progress.LARGE_TRANSFER:
-            cap.display("progress", {"stage": "received", "worker": self.name})
+            cap.mark({"stage": "received", "worker": self.name})
         try:
             with self._lock:
                 self._current = job
@@ -195,8 +196,8 @@ class CellRunner:
                 )
             nbytes = progress.payload_bytes(value)
             if nbytes >= progress.LARGE_TRANSFER:
-                job.capture.display("progress", {"stage": "sending", "worker": self.name,
-                                                 "bytes": nbytes})
+                job.capture.out_of_band("progress", {"stage": "sending", "worker": self.name,
+                                                     "bytes": nbytes})
             return CellResult(self.name, True, value=value, has_value=True)
         return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
 
@@ -263,16 +264,44 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
     if shell is not None and not plain_python(source):
         source = shell.transform_cell(source)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    body, last = _compiled(source, filename)
+    exec(body, ns)
+    if last is None:
+        return None, False
+    return eval(last, ns), True
+
+
+_CODE: dict[str, tuple[Any, Any]] = {}  # source -> its compiled body and last expression
+_CODE_KEPT = 256
+
+
+def _compiled(source: str, filename: str) -> tuple[Any, Any]:
+    """The cell's code: its body, and its last expression (None when it has none). A cell
+    run again (a loop of ``rpcnb.run(w, "step()")``) is parsed and compiled once, its code
+    renamed after the new cell (tracebacks name the cell that ran)."""
+    kept = _CODE.get(source)
+    if kept is not None:
+        return tuple(None if c is None else _renamed(c, filename) for c in kept)  # type: ignore[return-value]
     tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";"):
         expr = tree.body.pop()
         assert isinstance(expr, ast.Expr)
-        last = ast.Expression(expr.value)
-    exec(compile(tree, filename, "exec"), ns)
-    if last is None:
-        return None, False
-    return eval(compile(last, filename, "eval"), ns), True
+        last = compile(ast.Expression(expr.value), filename, "eval")
+    body = compile(tree, filename, "exec")
+    if len(source) < 4096:
+        if len(_CODE) >= _CODE_KEPT:
+            _CODE.clear()
+        _CODE[source] = (body, last)
+    return body, last
+
+
+def _renamed(code: Any, filename: str) -> Any:
+    if code.co_filename == filename:
+        return code
+    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def safe_str(exc: BaseException) -> str:

@@ -260,6 +260,14 @@ def test_remote_error_names_worker_and_cell_line(group):
     assert api.stdout.split() == ["worker2", "NameError"]
     syntax = group.execute("%%remote worker1\nx = 1\nif x\n    pass", allow_error=True)
     assert "SyntaxError" in syntax.traceback and "line 2" in syntax.traceback
+    # the same cell again (compiled once, rpcnb.cells.runner._compiled): the traceback
+    # names the cell that ran, a function it defined included
+    again = "%%remote worker1\ndef f():\n    return 1 / 0\nf()"
+    first = group.execute(again, allow_error=True).traceback
+    second = group.execute(again, allow_error=True).traceback
+    one, two = re.findall(r"<worker1 cell (\d+)>", first), re.findall(r"<worker1 cell (\d+)>", second)
+    assert one and two and len(set(one)) == 1 and set(two) == {str(int(one[0]) + 1)}, (first, second)
+    assert "return 1 / 0" in second
 
 
 def test_interrupt_stops_remote_code_and_keeps_worker(group):
