@@ -9,80 +9,14 @@ pid."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import worker_pids
+from hosts import FAR, far_group, rows, stop, timed
 
-from rpcnb.procs.processes import kill_all, pid_alive
-
-FAR = ("worker2", "worker3")
-
-
-def ns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def rows(kernel) -> tuple[dict[str, str], float]:
-    """%rpc_workers' rows by name, and how long it took."""
-    out = kernel.execute("%rpc_workers", timeout=60)
-    table = out.text
-    return ({line.split()[0]: line for line in table.splitlines() if line.startswith("worker")},
-            out.finished - out.started)
-
-
-def timed(kernel, code: str, timeout: float = 60):
-    out = kernel.execute(code, timeout=timeout, allow_error=True)
-    return out, out.finished - out.started
-
-
-def far_group(kernel, netns, tmp_path) -> tuple[list[subprocess.Popen], dict[str, Path]]:
-    """worker0 (the kernel) and worker1 here, worker2 and worker3 on the other host."""
-    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
-        pytest.skip("unshare --uts (a hostname for the other host) is not allowed here")
-    ns, addr = netns["ns"], netns["addr"]
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute(f"%rpc_init --workers 1 --port 0 --host {addr} --allow-remote")
-    kernel.execute("import rpcnb.session.state, shutil, os\n_s = rpcnb.session.state.current()")
-    join = kernel.value("_s.init_method")
-    token_file = tmp_path / "connection.json"
-    kernel.execute(f"shutil.copy(_s.connection_path, {str(token_file)!r})")
-    os.chmod(token_file, 0o600)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
-    procs: list[subprocess.Popen] = []
-    logs = {n: tmp_path / f"{n}.log" for n in FAR}
-    for name in FAR:
-        with open(logs[name], "wb") as f:
-            # the other host: its own network and its own hostname
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
-                 'hostname far-host && exec "$0" -m rpcnb.worker --join "$1" --token-file "$2" '
-                 '--name "$3"', sys.executable, join, str(token_file), name],
-                stdout=f, stderr=subprocess.STDOUT, env=env))
-    deadline = time.monotonic() + 120
-    members: dict[str, int] = {}
-    while time.monotonic() < deadline and not set(FAR) <= set(members):
-        assert all(p.poll() is None for p in procs), \
-            "\n".join(p.read_text()[-2000:] for p in logs.values() if p.exists())
-        time.sleep(0.5)
-        members = worker_pids(kernel)
-    assert set(FAR) <= set(members), logs["worker2"].read_text()[-2000:]
-    table, _ = rows(kernel)
-    assert "far-host" in table["worker2"] and "far-host" not in table["worker1"], table
-    return procs, logs
-
-
-def stop(procs: list[subprocess.Popen], ns: str) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait(5)
-    kill_all([p for p in ns_pids(ns) if pid_alive(p)])
+from rpcnb.procs.processes import pid_alive
 
 
 def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
