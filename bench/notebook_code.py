@@ -3,8 +3,8 @@ batched pattern (an agent answering many small calls of module-level helpers fro
 observers, ``tests/data/batched_rl.py``), pasted into a kernel, against the same program
 imported from its module in the same kernel, and run as a script with ``mp.spawn``, the
 three in turns (``ROUNDS`` rounds; medians). Everything uses TensorPipe over TCP (``uv``),
-rpcnb's default. Target: pasted within 1.2x of importable (rpcnb used to re-pickle notebook
-code for every message: 1.8-2.2x).
+rpcnb's default. Targets: pasted within 1.2x of importable (rpcnb used to re-pickle notebook
+code for every message: 1.8-2.2x), and within 1.2x of the script (issue 28).
 
 A bench module for ``bench.run`` / ``bench.report`` (see ``bench.curves`` for the protocol).
 ``tests/kernel/test_notebook_code_ships_once.py`` checks the same program's results and messages, untimed.
@@ -77,8 +77,9 @@ def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
     part.tables.append((f"{section['calls']} small calls of module-level helpers "
                         "(tests/data/batched_rl.py), pasted into a cell, imported, and as a "
                         "script with mp.spawn, in turns", rows))
-    ratio = med["pasted"] / med["importable"]
-    part.targets.append(target(f"pasted batched RL <= {TARGET:g}x importable", ratio, TARGET,
-                               ratio <= TARGET,
-                               f"{ratio:.2f}x ({med['pasted']:.3f} vs {med['importable']:.3f} s)"))
+    for against in ("importable", "script"):  # the script: what a user would run instead
+        ratio = med["pasted"] / med[against]
+        part.targets.append(target(f"pasted batched RL <= {TARGET:g}x {against}", ratio, TARGET,
+                                   ratio <= TARGET,
+                                   f"{ratio:.2f}x ({med['pasted']:.3f} vs {med[against]:.3f} s)"))
     return part
