@@ -141,6 +141,22 @@ def test_shared_tensor_goes_by_handle_and_both_sides_see_writes(api_group):
         rpc.rpc_sync(w, drop_kept)
 
 
+def test_storages_are_held_until_their_call_completes_not_longer(api_group):
+    """The sender holds a storage it handed over by handle until the receiver has it: once
+    the call completes (rpc_sync, rpc_async, remote), not for zerocopy.HOLD_S more."""
+    t = torch.ones(MB).share_memory_()
+    held = zerocopy.stats()["held"]
+    assert rpc.rpc_sync("worker1", echo, args=(t,)) is not None
+    assert zerocopy.stats()["held"] == held
+    fut = rpc.rpc_async("worker1", echo, args=(t,))
+    fut.wait()
+    assert wait_until(lambda: zerocopy.stats()["held"] == held, timeout=5)
+    rref = rpc.remote("worker1", echo, args=(t,))
+    rref.to_here()
+    assert wait_until(lambda: zerocopy.stats()["held"] == held, timeout=5)
+    assert zerocopy.stats()["sent"] >= 3
+
+
 def test_file_system_strategy_tensor_goes_by_handle(api_group):
     # worker1 makes it (file-system strategy) and sends it here, we send it to worker2
     t = rpc.rpc_sync("worker1", shared_of_own, args=("file_system",))
