@@ -145,8 +145,14 @@ def _plainness(obj: Any, depth: int) -> int:
         # cloudpickle does; one that asks its tensors to be copied takes the full path
         if getattr(obj, "copy_tensors", False):
             return _NOT_PLAIN
-        return _all_plain([getattr(obj, f.name) for f in dataclasses.fields(obj)], depth)
+        names = _FIELDS.get(cls)
+        if names is None:
+            names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        return _all_plain([getattr(obj, name) for name in names], depth)
     return _NOT_PLAIN
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # rpcnb's message classes -> their fields' names
 
 
 def _all_plain(items: Any, depth: int) -> int:
