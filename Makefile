@@ -99,7 +99,7 @@ cluster-deps:
 # namespaces, veth, tc netem, sshd, Slurm), tests/gpu (CUDA; they skip without it),
 # tests/packaging (the wheel built without Node.js; the README's Install in a fresh venv).
 test: $(STAMP) chromium cluster-deps
-	$(BIN)/python -m pytest -x -q tests
+	$(BIN)/python -m pytest -x -q --durations=25 tests
 
 # The quick loop while working (about 2 minutes here): every unit test, and the kernel
 # tests of the core flows (start, cells, RRefs, shutdown, teardown, the documented

@@ -120,6 +120,8 @@ if mode == "rpcnb":
 else:
     rpc.shutdown()
     peer.wait(30)
+    import shutil
+    shutil.rmtree(os.path.dirname(store), ignore_errors=True)
 """
 
 # rows only the rpcnb driver has, and how many calls a batch of each makes (of ``calls``)

@@ -222,20 +222,27 @@ def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
 
 def _load(payload: Any, tensor_table: Any) -> Any:
     """torch's ``deserialize`` of a checked payload (a view), without its copy into a
-    BytesIO; where a name is not found, torch's own gives its error."""
+    BytesIO; a name not found becomes the AttributeError torch's gives (returned, as
+    torch does, for the caller to raise on the other side)."""
     tables = _TENSOR_TABLES
     old = getattr(tables, "recv_tables", None)
     tables.recv_tables = tensor_table
     try:
         return pickle.loads(payload)
-    except AttributeError:
-        pass
+    except AttributeError as exc:
+        err = AttributeError(f"{exc} {NOT_FOUND}")
+        err.__cause__ = exc
+        return err
     finally:
         if old is not None:
             tables.recv_tables = old
         else:
             del tables.recv_tables
-    return _original_deserialize(payload, tensor_table)
+
+
+# torch's words (torch/distributed/rpc/internal.py) for a function not found on the receiver
+NOT_FOUND = ("Default RPC pickler does not serialize function code. Ensure that UDFs are "
+             "defined on both caller and callee modules.")
 
 
 def _entry() -> Any:
