@@ -126,8 +126,10 @@ def bar(done: float, total: float, width: int = 24) -> str:
 
 
 def payload_bytes(value: Any, depth: int = 2) -> int:
-    """Bytes of the tensors and arrays in ``value`` (looking into lists, tuples and dicts
-    ``depth`` levels down): what a transfer of it moves, roughly."""
+    """Bytes of the tensors, arrays, bytes and strings in ``value`` (looking into lists,
+    tuples and dicts ``depth`` levels down): what a transfer of it moves, roughly."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return len(value)
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes

@@ -21,6 +21,7 @@ import sys
 import threading
 from typing import Any
 
+from rpcnb import progress
 from rpcnb.cells import output
 from rpcnb.session import protocol, state
 
@@ -241,7 +242,8 @@ def _to_worker(worker: str, cid: str, kind: str, msg: dict[str, Any]) -> None:
     sendable = {"data": content.get("data", {}), "metadata": msg.get("metadata", {}),
                 "buffers": [bytes(b) for b in msg.get("buffers") or ()]}
     try:
-        fut = protocol.call_async(s.token, worker, "comm", cid, kind, sendable, timeout=10)
+        fut = protocol.call_async(s.token, worker, "comm", cid, kind, sendable, timeout=10,
+                                  nbytes=progress.payload_bytes(sendable, depth=3))
     except Exception as exc:
         _gone(worker, f"{type(exc).__name__}: {exc}")
         return

@@ -23,8 +23,9 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import machine
+from rpcnb import machine, progress
 from rpcnb.session import protocol, state
+from rpcnb.wire import limits
 
 FLUSH_INTERVAL = 0.1  # seconds between output batches while a cell runs
 
@@ -67,7 +68,7 @@ class Capture:
         self._lock = threading.Lock()
         self._items: list[tuple[Any, ...]] = []
         self._seq = 0
-        self._futures: list[Any] = []
+        self._futures: list[tuple[Any, int]] = []  # (delivery, its bytes)
         self.large = False  # a batch was large: memory to give back once delivered
 
     def write(self, stream: str, text: str) -> None:
@@ -110,22 +111,28 @@ class Capture:
             items, self._items = self._items, []
             seq = self._seq
             self._seq += 1
+        # the group's RPC timeout, and the time its bytes take at the floor rate on top
+        # (a large display over a slow link: rpcnb.wire.limits)
+        nbytes = progress.payload_bytes(items, depth=4)
         try:
             fut = protocol.call_async(self.token, self.caller, "deliver", self.call_id,
-                                      self.worker, seq, items, timeout=None)
+                                      self.worker, seq, items, timeout=None, nbytes=nbytes)
         except Exception:
             return  # the caller is gone; nobody is left to show this output
         with self._lock:
-            self._futures.append(fut)
+            self._futures.append((fut, nbytes))
             self.large = self.large or large(items)
 
     def close(self, timeout: float = 10.0) -> int:
-        """Send what is left, wait until the caller has it; returns the batch count."""
+        """Send what is left, wait until the caller has it (``timeout`` seconds, and the
+        time the bytes still on their way take at the floor rate); returns the batch
+        count."""
         with self._lock:
             self._items = [item for item in self._items if item[0] != "progress"]
         self.flush()
-        deadline = time.monotonic() + timeout
-        for fut in self._futures:
+        pending = sum(n for fut, n in self._futures if not fut.done())
+        deadline = time.monotonic() + limits.grown(timeout, pending)
+        for fut, _ in self._futures:
             while not fut.done() and time.monotonic() < deadline:
                 time.sleep(0.001)
         self._futures.clear()

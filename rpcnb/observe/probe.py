@@ -187,9 +187,11 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
                 def send(tensor: Any = tensor, peer: str = peer) -> None:
                     if tensorpipe_only:
                         with shm.suppressed():
-                            protocol.call(s.token, peer, "probe_sink", tensor, timeout=None)
+                            protocol.call(s.token, peer, "probe_sink", tensor, timeout=None,
+                                          nbytes=tensor.nbytes)
                     else:
-                        protocol.call(s.token, peer, "probe_sink", tensor, timeout=None)
+                        protocol.call(s.token, peer, "probe_sink", tensor, timeout=None,
+                                      nbytes=tensor.nbytes)
 
                 path = tp_channel if tensorpipe_only or not shm.wants(tensor) else "rpcnb_shm"
                 start = telemetry.now()

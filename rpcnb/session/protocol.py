@@ -5,6 +5,10 @@ Every rpcnb request between members is one torch RPC to ``entry(token, op, args)
 that ``rpcnb.membership.handlers`` fills (all of rpcnb's operations are listed there, and nowhere
 else). ``call``, ``call_async`` and ``remote`` send such requests.
 
+A request that carries a payload says its size (``nbytes``): its time limit grows with it
+(``rpcnb.wire.limits``), so a large one over a slow link is not cut off at the limit of a
+small one.
+
 ``entry`` is ``async_execution``: an operation that waits (a remote cell) returns a torch
 Future and frees torch's RPC thread at once; the others return a value, handed back in a
 finished Future. An exception raised by an operation reaches the caller as torch raises
@@ -60,22 +64,28 @@ def entry(token: Any, op: Any, args: Any) -> torch.futures.Future:
 entry.rpcnb_op_index = 1  # type: ignore[attr-defined]
 
 
-def _timeout(timeout: float | None) -> float:
+def _timeout(timeout: float | None, nbytes: int) -> float:
     from rpcnb.wire import _torch
 
+    if nbytes > 0:
+        from rpcnb.wire import limits
+
+        return limits.grown(rpc.get_rpc_timeout() if timeout is None else timeout, nbytes)
     return _torch.UNSET_RPC_TIMEOUT if timeout is None else timeout
 
 
-def call(token: str, to: str, op: str, *args: Any, timeout: float | None = 5.0) -> Any:
+def call(token: str, to: str, op: str, *args: Any, timeout: float | None = 5.0,
+         nbytes: int = 0) -> Any:
     """Ask member ``to`` to run ``op(*args)`` and wait for the answer (``timeout`` in
-    seconds; None: the group's RPC timeout; 0: none)."""
-    return rpc.rpc_sync(to, entry, args=(token, op, args), timeout=_timeout(timeout))
+    seconds; None: the group's RPC timeout; 0: none); a request that carries ``nbytes``
+    bytes gets the time they take at the floor rate on top (``rpcnb.wire.limits``)."""
+    return rpc.rpc_sync(to, entry, args=(token, op, args), timeout=_timeout(timeout, nbytes))
 
 
-def call_async(token: str, to: str, op: str, *args: Any,
-               timeout: float | None = 5.0) -> torch.futures.Future:
+def call_async(token: str, to: str, op: str, *args: Any, timeout: float | None = 5.0,
+               nbytes: int = 0) -> torch.futures.Future:
     """``call`` without waiting: a torch Future of the answer."""
-    return rpc.rpc_async(to, entry, args=(token, op, args), timeout=_timeout(timeout))
+    return rpc.rpc_async(to, entry, args=(token, op, args), timeout=_timeout(timeout, nbytes))
 
 
 def remote(token: str, to: str, op: str, *args: Any) -> Any:

@@ -23,6 +23,8 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api, internal
 
+from rpcnb.wire import limits
+
 # -- the agent and the store (torch 2.11, 2.13) ------------------------------------------
 
 # torch prefixes the store of the n-th init_rpc in a process with "rpc_prefix_{n}"
@@ -336,6 +338,9 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         @functools.wraps(original_invoke)
         def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
                         rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+            if rpc_timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
+                rpc_timeout = payload_timeout(args, kwargs)
+
             def send(f: Any = func, a: Any = args, k: Any = kwargs) -> Any:
                 return original_invoke(to, f, rpc_type, a, k, rpc_timeout)
 
@@ -344,6 +349,9 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         @functools.wraps(original_remote)
         def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
                    timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+            if timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
+                timeout = payload_timeout(args, kwargs)
+
             def send(f: Any = func, a: Any = args, k: Any = kwargs) -> Any:
                 return original_remote(to, f, a, k, timeout)
 
@@ -355,6 +363,41 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         _hook_installed = True
         return {original_invoke: (api.__name__, "_invoke_rpc"),
                 original_remote: (api.__name__, "remote")}
+
+
+_TENSOR = torch.Tensor
+_SEQUENCES = (list, tuple)
+_BYTES = (bytes, bytearray)
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def payload_timeout(args: Any, kwargs: Any) -> float:
+    """The time limit of a call made without one (torch's UNSET: the group's RPC timeout)
+    whose arguments carry tensors and bytes (one level into lists and tuples): the group's
+    timeout grown by their size (``rpcnb.wire.limits``) from ``limits.GROW_FROM`` bytes,
+    else still UNSET. It runs on every call: a few hundred nanoseconds."""
+    nbytes = _bytes_in(args) if args else 0
+    if kwargs:
+        nbytes += _bytes_in(kwargs.values())
+    if nbytes < limits.GROW_FROM:
+        return UNSET_RPC_TIMEOUT
+    return limits.grown(rpc.get_rpc_timeout(), nbytes)
+
+
+def _bytes_in(items: Any, nested: bool = True) -> int:
+    nbytes = 0
+    for item in items:
+        kind = type(item)  # not isinstance: torch.Tensor's metaclass makes it slow
+        if kind is _TENSOR:
+            nbytes += item.nbytes
+        elif kind in _BYTES:
+            nbytes += len(item)
+        elif kind in _SEQUENCES:
+            if nested:
+                nbytes += _bytes_in(item, False)
+        elif kind not in _SCALARS and issubclass(kind, _TENSOR):
+            nbytes += item.nbytes
+    return nbytes
 
 
 def is_builtin(func: Any) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,11 +43,12 @@ def timed(kernel, code: str, timeout: float = 60):
 
 
 def far_group(kernel, netns, tmp_path, names: tuple[str, ...] = FAR, init: str = "",
-              own_pids: bool = False) -> tuple[list[subprocess.Popen], dict[str, Path]]:
+              own_pids: bool = False, worker_args: tuple[str, ...] = ()
+              ) -> tuple[list[subprocess.Popen], dict[str, Path]]:
     """worker0 (the kernel) and worker1 here, ``names`` on the other host (``init``: more
-    flags for %rpc_init). ``own_pids``: the other host has its own pid namespace too, so
-    that TensorPipe cannot take CMA (process_vm_readv) to it and every byte crosses the
-    link, as between real hosts."""
+    flags for %rpc_init; ``worker_args``: for ``python -m rpcnb.worker``). ``own_pids``:
+    the other host has its own pid namespace too, so that TensorPipe cannot take CMA
+    (process_vm_readv) to it and every byte crosses the link, as between real hosts."""
     unshare = ["unshare", "--uts", *(["--pid", "--fork", "--mount-proc"] if own_pids else [])]
     if subprocess.run([*unshare, "true"], capture_output=True).returncode != 0:
         pytest.skip(f"{' '.join(unshare)} (a hostname, pids for the other host) is not "
@@ -68,7 +70,8 @@ def far_group(kernel, netns, tmp_path, names: tuple[str, ...] = FAR, init: str =
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", ns, *unshare, "sh", "-c",
                  'hostname far-host && exec "$0" -m rpcnb.worker --join "$1" --token-file "$2" '
-                 '--name "$3"', sys.executable, join, str(token_file), name],
+                 '--name "$3" ' + " ".join(map(shlex.quote, worker_args)),
+                 sys.executable, join, str(token_file), name],
                 stdout=f, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + 120
     members: dict[str, int] = {}

@@ -28,12 +28,17 @@ def shown(out) -> str:
     return "\n".join(parts)
 
 
-DIGEST = ("import hashlib\n"
+DIGEST = ("import hashlib, os\n"
           "def digest(t):\n"
-          "    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()\n")
+          "    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()\n"
+          "def digest_bytes(b):\n"
+          "    return hashlib.sha256(b).hexdigest()\n")
 
 
 def test_data_arrives_intact_over_a_slow_lossy_link(kernel, tmp_path):
+    """24 MB of random values pushed, fetched back, and sent by rpc_sync (a Python
+    function, a builtin and back, raw bytes) have the same SHA-256 on both sides; an 8 MB
+    printout arrives whole; a 114 MB push shows its bar and its rate."""
     tag = os.getpid() % 100000
     with slow_link(*net_for(tag), delay=0.02, loss=0.01) as net:
         procs, _ = far_group(kernel, net, tmp_path, names=("worker2",), own_pids=True)
@@ -59,6 +64,15 @@ def test_data_arrives_intact_over_a_slow_lossy_link(kernel, tmp_path):
                                       "torch.equal(y, x)", timeout=300)
             assert out.text == "True", (out.text, out.traceback)
             print(f"rpc_sync of a builtin, {n * 4 / MB:.0f} MB there and back: {took:.1f} s")
+            out, took = timed(kernel, "blob = os.urandom(24 << 20)\n"
+                                      "rpc.rpc_sync('worker2', digest_bytes, args=(blob,)) == "
+                                      "digest_bytes(blob)", timeout=300)
+            assert out.text == "True", (out.text, out.traceback)
+            print(f"rpc_sync with 24 MB of random bytes: {took:.1f} s")
+            out, took = timed(kernel, "%%remote worker2\nprint('0123456789abcdef' * (1 << 19))",
+                              timeout=300)
+            assert out.stdout == "0123456789abcdef" * (1 << 19) + "\n", len(out.stdout)
+            print(f"8 MB printed on worker2: {took:.1f} s")
 
             # a long push shows its bar (after RPCNB_PROGRESS_DELAY s), then its rate
             kernel.execute("big = torch.randn(30_000_000)\nwant_big = digest(big)")  # 114 MB
@@ -70,6 +84,60 @@ def test_data_arrives_intact_over_a_slow_lossy_link(kernel, tmp_path):
             assert "--push to worker2: 114.4 MB" in text, text
             assert "/s" in text, text  # its last update says the rate
             print(f"--push of 114 MB: {took:.1f} s, with a progress bar")
+            kernel.execute("%rpc_shutdown", timeout=60)
+        finally:
+            stop(procs, net["ns"])
+
+
+def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
+    """A group whose RPC timeout is 5 s, over a link of 2.5 MB/s (20 Mbit/s) with 20 ms
+    delay and 1 % loss: a 24 MB argument and a 20 MB printout take longer than 5 s and
+    arrive, because their time limits grow with their size (5 s + 1 s per MB); a small call
+    to a member that does not answer in 5 s still fails after 5 s; and the same 24 MB
+    under a fixed 5 s limit (``timeout=5``, as every call had before) is cut off."""
+    tag = os.getpid() % 100000 + 1
+    base = 5
+    with slow_link(*net_for(tag), delay=0.02, loss=0.01, rate=2.5e6) as net:
+        procs, _ = far_group(kernel, net, tmp_path, names=("worker2",), own_pids=True,
+                             init=f"--timeout {base}", worker_args=("--timeout", str(base)))
+        try:
+            print(f"link: {net['how']}, 20 ms and 1 % loss each way, 20 Mbit/s")
+            assert kernel.value("__import__('torch').distributed.rpc.get_rpc_timeout()") == base
+            n = 24 * MB // 4
+            kernel.execute(f"import torch, time\nimport torch.distributed.rpc as rpc\n{DIGEST}"
+                           f"torch.manual_seed(31)\nx = torch.randn({n})\nwant = digest(x)")
+            kernel.execute(f"%%remote worker2\n{DIGEST}")
+
+            # a plain call with a 24 MB argument: longer than the group's timeout, and it
+            # arrives (its limit: 5 s + 24 s)
+            out, took = timed(kernel, "rpc.rpc_sync('worker2', digest, args=(x,)) == want",
+                              timeout=120)
+            assert out.text == "True", (out.text, out.traceback)
+            assert took > base, took
+            print(f"rpc_sync with 24 MB: {took:.1f} s (limit {base} s before, "
+                  f"{base + 24} s now)")
+
+            # output: a cell that prints 20 MB; each batch's delivery has its own limit
+            line = "0123456789abcdef" * 64  # 1 KB a line
+            out, took = timed(kernel, f"%%remote worker2\nprint('\\n'.join([{line!r}] * 20480))",
+                              timeout=120)
+            assert not out.error, out.traceback
+            assert out.stdout.count(line) == 20480, len(out.stdout)
+            assert took > base, took
+            print(f"20 MB printed on worker2: {took:.1f} s")
+
+            # a small call still fails after the group's timeout
+            out, took = timed(kernel, "rpc.rpc_sync('worker2', time.sleep, args=(3 * "
+                                      f"{base},))", timeout=60)
+            assert out.error and "more than set timeout" in out.traceback, out.traceback
+            assert base - 0.5 < took < base + 3, took
+            print(f"a small call that gets no answer failed after {took:.1f} s")
+
+            # what a fixed limit did to the 24 MB
+            out, took = timed(kernel, f"rpc.rpc_sync('worker2', digest, args=(x,), "
+                                      f"timeout={base})", timeout=120)
+            assert out.error and "more than set timeout" in out.traceback, out.traceback
+            print(f"the same 24 MB under a fixed {base} s limit: cut off after {took:.1f} s")
             kernel.execute("%rpc_shutdown", timeout=60)
         finally:
             stop(procs, net["ns"])
