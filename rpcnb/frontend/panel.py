@@ -357,10 +357,14 @@ class Publisher:
             name = str(data.get("name", "")).strip()
             if not name.isidentifier() or keyword.iskeyword(name):
                 raise ValueError(BAD_VARIABLE.format(name=name))
-            held = find_rrefs(ns).get(str(data.get("key")))
+            key = str(data.get("key"))
+            held = find_rrefs(ns).get(key)
             if held is None:
                 raise ValueError(GONE)
-            value = held.rref.to_here()
+            # a value the panel described (its size known) gets a limit that grows with it
+            nbytes = int(self._described.get(key, (0.0, {}))[1].get("nbytes") or 0)
+            value = held.rref.to_here(timeout=rrefs.time_limit(nbytes)) if nbytes \
+                else held.rref.to_here()
             replaced = name in ns
             ns[name] = value
             return {"message": f"{name} = {type(value).__name__} from {held.rref.owner_name()}"

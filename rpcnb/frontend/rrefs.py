@@ -30,6 +30,16 @@ def describe_rref(rref: Any) -> tuple[str, dict[str, Any] | None, str]:
         return owner, None, f"unreachable: {str(exc).splitlines()[0] if str(exc) else exc!r}"
 
 
+def time_limit(nbytes: int) -> float:
+    """The time limit to fetch a value of ``nbytes`` bytes (``rref.to_here(timeout=...)``):
+    the group's RPC timeout, grown by its size (``rpcnb.wire.limits``)."""
+    import torch.distributed.rpc as rpc
+
+    from rpcnb.wire import limits
+
+    return limits.grown(rpc.get_rpc_timeout(), nbytes)
+
+
 def summary_line(owner: str, info: dict[str, Any] | None, error: str = "") -> str:
     if info is None:
         return f"RRef on {owner} ({error})"
