@@ -35,10 +35,10 @@ import time
 import weakref
 from typing import Any
 
-from rpcnb import errors, telemetry
+from rpcnb import errors, telemetry, text
 from rpcnb.paths import shm
 from rpcnb.session import state
-from rpcnb.wire import options
+from rpcnb.wire import limits, options
 
 ENV = options.UCX_ENV
 DEFAULT_THRESHOLD = 1 << 20  # 1 MB
@@ -251,7 +251,9 @@ def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: 
         req = _worker.tag_recv(_buffer(out), _api.UCXXTag(tag))
         _stats["receiving"] += 1
     try:
-        fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None)
+        # answered once the bytes have gone over UCX: its limit grows with them
+        fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None,
+                                  nbytes=nbytes)
         _wait(s, req, out, sender, fut)
     finally:
         with _lock:
@@ -371,7 +373,8 @@ def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
 def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
     """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
     error naming ``peer`` when it dies, fails, or the group ends first."""
-    timeout = float(s.options.get("timeout", 60.0))
+    # the group's RPC timeout, and the tensor's bytes at the floor rate on top
+    timeout = limits.grown(float(s.options.get("timeout", 60.0)), int(buf.nbytes))
     deadline = time.monotonic() + timeout
     idle = 0
     while True:
@@ -405,7 +408,8 @@ def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
             except Exception as exc:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         elif time.monotonic() > deadline:
-            reason = f"no progress within the group's RPC timeout ({timeout:g} s)"
+            reason = (f"not received within {timeout:.0f} s (the group's RPC timeout, and "
+                      f"its {text.size(int(buf.nbytes))} at {limits.MIN_RATE_ENV})")
         else:
             idle = 0 if progressed else idle + 1
             if idle > 64:  # nothing moving: let the other threads (and processes) run
