@@ -15,6 +15,14 @@ from typing import Any
 from rpcnb import text
 
 LARGE_TRANSFER = 100 << 20  # bytes from which --push/--fetch show progress
+# ... to or from a member on another host: 80 ms at 100 MB/s, seconds over a slow link
+LARGE_TRANSFER_ACROSS_HOSTS = 8 << 20
+
+
+def large_transfer(one_host: bool) -> int:
+    """Bytes from which a --push or --fetch shows progress, in a group on one host or not
+    (a bar shows only once the transfer has taken ``RPCNB_PROGRESS_DELAY`` s anyway)."""
+    return LARGE_TRANSFER if one_host else LARGE_TRANSFER_ACROSS_HOSTS
 MIN_INTERVAL = 0.1  # seconds between two updates of a display
 
 
@@ -151,11 +159,12 @@ class Transfers:
     """The tickers of one remote cell's large transfers: ``--push`` until the worker has
     the values (its cell starts), ``--fetch`` from when the worker sends the value."""
 
-    def __init__(self) -> None:
+    def __init__(self, threshold: int = LARGE_TRANSFER) -> None:
         self.open: dict[str, Ticker] = {}
+        self.threshold = threshold  # bytes from which a transfer gets a ticker
 
     def start(self, worker: str, what: str, nbytes: int) -> None:
-        if nbytes >= LARGE_TRANSFER:
+        if nbytes >= self.threshold:
             self.end(worker)
             self.open[worker] = Ticker(what, nbytes)
 

@@ -348,7 +348,8 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
     """Send the cell to each of ``names``; their output goes to the returned ``Sent``
     (``zero_copy=False``: shared tensors in ``push`` and the fetched value are copied)."""
     _settle_collectives(s)
-    sent = Sent({}, queue.Queue(), telemetry.now(), time.perf_counter())
+    sent = Sent({}, queue.Queue(), telemetry.now(), time.perf_counter(),
+                transfers=progress.Transfers(progress.large_transfer(s.one_host)))
     pushed = progress.payload_bytes(list((push or {}).values()))
     try:
         for name in names:

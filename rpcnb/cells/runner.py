@@ -144,7 +144,8 @@ class CellRunner:
         cap = job.capture = Capture(job.call_id, job.caller, self.name, job.token)
         router.enter(cap, process_wide=self.on_main)
         t0 = time.perf_counter()
-        if job.push and progress.payload_bytes(list(job.push.values())) >= progress.LARGE_TRANSFER:
+        if job.push and progress.payload_bytes(list(job.push.values())) >= \
+                progress.large_transfer(state.current().one_host):
             cap.mark({"stage": "received", "worker": self.name})
         try:
             with self._lock:
@@ -195,7 +196,7 @@ class CellRunner:
                         name=self.name, type=type(value).__name__, reason=exc),
                 )
             nbytes = progress.payload_bytes(value)
-            if nbytes >= progress.LARGE_TRANSFER:
+            if nbytes >= progress.large_transfer(state.current().one_host):
                 job.capture.out_of_band("progress", {"stage": "sending", "worker": self.name,
                                                      "bytes": nbytes})
             return CellResult(self.name, True, value=value, has_value=True)

@@ -92,9 +92,10 @@ def test_data_arrives_intact_over_a_slow_lossy_link(kernel, tmp_path):
 def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
     """A group whose RPC timeout is 5 s, over a link of 2.5 MB/s (20 Mbit/s) with 20 ms
     delay and 1 % loss: a 24 MB argument and a 20 MB printout take longer than 5 s and
-    arrive, because their time limits grow with their size (5 s + 1 s per MB); a small call
-    to a member that does not answer in 5 s still fails after 5 s; and the same 24 MB
-    under a fixed 5 s limit (``timeout=5``, as every call had before) is cut off."""
+    arrive, because their time limits grow with their size (5 s + 1 s per MB); a 24 MB
+    --push and an 8 MB --fetch (no limit) arrive and show their bars; a small call to a
+    member that does not answer in 5 s still fails after 5 s; and the same 24 MB under a
+    fixed 5 s limit (``timeout=5``, as every call had before) is cut off."""
     tag = os.getpid() % 100000 + 1
     base = 5
     with slow_link(*net_for(tag), delay=0.02, loss=0.01, rate=2.5e6) as net:
@@ -116,6 +117,24 @@ def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
             assert took > base, took
             print(f"rpc_sync with 24 MB: {took:.1f} s (limit {base} s before, "
                   f"{base + 24} s now)")
+
+            # --push and --fetch have no limit; across hosts, a bar from 8 MB once they
+            # have taken half a second
+            out, took = timed(kernel, "%%remote worker2 --push x --fetch\ndigest(x)",
+                              timeout=120)
+            assert not out.error, out.traceback
+            assert out.text.strip("'") == kernel.value("want")
+            assert took > base, took
+            text = shown(out)
+            assert "--push to worker2: 24.0 MB" in text and "/s" in text, text
+            print(f"--push of 24 MB: {took:.1f} s, with a progress bar")
+            out, took = timed(kernel, "%%remote worker2 --fetch -o part\nx[:2 << 20]",
+                              timeout=120)
+            assert not out.error, out.traceback
+            assert kernel.value("torch.equal(part, x[:2 << 20])")
+            text = shown(out)
+            assert "--fetch from worker2: 8.0 MB" in text and "/s" in text, text
+            print(f"--fetch of 8 MB: {took:.1f} s, with a progress bar")
 
             # output: a cell that prints 20 MB; each batch's delivery has its own limit
             line = "0123456789abcdef" * 64  # 1 KB a line
