@@ -173,6 +173,8 @@ def slow_link(ns: str, link: str, net: str, delay: float = 0.02, loss: float = 0
         yield {"ns": ns, "here": here, "there": there, "addr": f"{net}.1", "how": how,
                "emulator": emu}
     finally:
+        # whatever still runs on the other host (a join that failed half-way), by pid
+        kill_all([p for p in ns_pids(ns) if pid_alive(p)])
         if emu is not None and emu.poll() is None:
             emu.kill()
             emu.wait(5)
