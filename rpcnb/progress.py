@@ -23,6 +23,8 @@ def large_transfer(one_host: bool) -> int:
     """Bytes from which a --push or --fetch shows progress, in a group on one host or not
     (a bar shows only once the transfer has taken ``RPCNB_PROGRESS_DELAY`` s anyway)."""
     return LARGE_TRANSFER if one_host else LARGE_TRANSFER_ACROSS_HOSTS
+
+
 MIN_INTERVAL = 0.1  # seconds between two updates of a display
 
 
