@@ -73,10 +73,23 @@ def count(peer: str) -> None:
 TIMING_ENV = "RPCNB_CALL_TIMES"
 
 
+LOOK_S = 10.0  # seconds a member times its calls after a monitor last asked for them
+_looked_until = 0.0
+
+
+def looked_at() -> None:
+    """Another member's channel monitor or panel asked for this process's calls (it asks
+    every few seconds while it is open): time them for ``LOOK_S`` seconds more."""
+    global _looked_until
+    _looked_until = time.monotonic() + LOOK_S
+
+
 def timing() -> bool:
-    """Whether to time every ``rpc_async`` and ``remote`` call too: while someone looks
-    (a channel monitor or the JupyterLab panel subscribed), or ``RPCNB_CALL_TIMES=1``."""
-    return bool(_listeners) or os.environ.get(TIMING_ENV, "") not in ("", "0")
+    """Whether to time every plain call (``rpc_sync``, ``rpc_async``, ``remote``): while
+    someone looks (a channel monitor or the JupyterLab panel subscribed here, or asking
+    this member for its calls), or ``RPCNB_CALL_TIMES=1``. Otherwise calls are counted."""
+    return bool(_listeners) or _looked_until > time.monotonic() \
+        or os.environ.get(TIMING_ENV, "") not in ("", "0")
 
 
 def subscribe(listener: Any) -> None:

@@ -167,6 +167,7 @@ def doctor_report(s: Session) -> dict[str, Any]:
 
 
 def peer_stats(s: Session) -> dict[str, dict[str, Any]]:
+    telemetry.looked_at()  # a monitor looks at this member's calls: time them from now on
     return telemetry.peer_stats()
 
 
