@@ -135,6 +135,9 @@ export class Link {
   // kernel without rpcnb answers each open with a close, and every open makes it busy
   // and idle again, so opening on every idle would never stop)
   private reopen = false;
+  // kernel restarts seen: a restart keeps the kernel's connection object, so an open()
+  // that was waiting for a subshell of the old kernel must not use it on the new one
+  private restarts = 0;
 
   follow(notebook: NotebookPanel | null): void {
     if (notebook === this.notebook) {
@@ -191,6 +194,7 @@ export class Link {
   private onStatus(): void {
     const status = this.notebook?.sessionContext.kernelDisplayStatus;
     if (status === 'restarting' || status === 'autorestarting') {
+      this.restarts += 1;
       this.closeComm(false);
       this.reopen = true;
       this.set({ state: 'connecting' });
@@ -258,6 +262,7 @@ export class Link {
       return;
     }
     this.set({ state: 'connecting' });
+    const restarts = this.restarts;
     // The panel's comm lives on a kernel subshell of its own (ipykernel 7+), so that its
     // opening, its snapshots and its actions are handled while a cell runs on the main
     // shell. JupyterLab's own comms-over-subshells waits for the kernel's info first,
@@ -267,6 +272,11 @@ export class Link {
     // control channel (answered while the main shell is busy). A kernel without
     // subshells: the main shell, after the running cell.
     const subshell = await askSubshell(kernel);
+    if (restarts !== this.restarts) {
+      // the kernel restarted meanwhile: the subshell went with the old one, and the new
+      // kernel would drop (and log) a comm opened on it; onStatus opens again when idle
+      return;
+    }
     if (kernel !== this.kernel || kernel.isDisposed) {
       void dropSubshell(kernel, subshell);
       return;
