@@ -265,11 +265,27 @@ def test_address():
         subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
+@pytest.fixture
+def api_group():
+    """This test process as worker0 of a group of two (the Python API), with a real worker;
+    every process it started is stopped by pid at the end."""
+    import rpcnb
+
+    rpcnb.init(1)
+    seen = set(children_of(os.getpid()))
+    try:
+        yield
+    finally:
+        rpcnb.shutdown()
+        kill_all(sorted(p for p in seen if pid_alive(p)))
+
+
 # Network namespaces: a second "host" on this machine (tests/kernel/test_channel_model.py,
 # tests/net/test_two_hosts.py)
 
 
-def _netns_blocker() -> str | None:
+def netns_blocker() -> str | None:
+    """Why this test cannot make network namespaces here (None when it can)."""
     if os.geteuid() != 0:
         return f"creating network namespaces needs root; this test runs as uid {os.geteuid()}"
     if shutil.which("ip") is None:
@@ -312,7 +328,7 @@ def small_shm_worker(connection: str, name: str, log: Path) -> subprocess.Popen:
 @pytest.fixture
 def netns():
     """A network namespace joined to this one by a veth pair on a private /30."""
-    why = _netns_blocker()
+    why = netns_blocker()
     if why:
         pytest.skip(why)
     tag = os.getpid() % 100000

@@ -3,26 +3,11 @@ receiver lacks fails there with torch's own words, and the group goes on."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive
 
 import bench.targets
-import rpcnb
 from bench.targets import noop
-
-
-@pytest.fixture
-def api_group():
-    rpcnb.init(1)
-    seen = set(children_of(os.getpid()))
-    try:
-        yield
-    finally:
-        rpcnb.shutdown()
-        kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
 def test_a_function_the_worker_lacks_fails_with_torchs_words(api_group):

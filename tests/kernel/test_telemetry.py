@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import cloudpickle
-import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive
 
 import rpcnb
 from rpcnb import telemetry
@@ -19,17 +16,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def size_of(t):
     return t.numel()
-
-
-@pytest.fixture
-def api_group():
-    rpcnb.init(1)
-    seen = set(children_of(os.getpid()))
-    try:
-        yield
-    finally:
-        rpcnb.shutdown()
-        kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
 def _calls(tensor_bytes):
