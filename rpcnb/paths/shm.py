@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import text
-from rpcnb.machine import SHM_DIR, shm_free_bytes
+from rpcnb.machine import SHM_DIR, give_back_memory, shm_free_bytes
 
 HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligned
 FREE, IN_FLIGHT = 0, 1
@@ -143,7 +143,11 @@ def on_deactivate(hook: Any) -> None:
 def _trimmer(group: str) -> None:
     while _group == group:
         time.sleep(1.0)
-        trim(_idle)
+        if trim(_idle):
+            # the tensors those buffers carried were freed with them: large blocks freed
+            # by RPC threads stay in glibc's per-thread arenas until trimmed, and a worker
+            # that moved a few 100 MB tensors would keep their size for good
+            give_back_memory(min_interval=0)
         for hook in _trim_hooks:
             hook()
 
