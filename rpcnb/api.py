@@ -29,7 +29,7 @@ from rpcnb.membership import leave
 from rpcnb.membership.view import group
 from rpcnb.paths import ucx as ucx_path
 from rpcnb.procs import launch
-from rpcnb.session import rendezvous, roster, state
+from rpcnb.session import fence, rendezvous, roster, state
 from rpcnb.session.state import ALL, Group, Member, is_initialized
 from rpcnb.session.teardown import Teardown
 from rpcnb.wire import _torch, options
@@ -207,6 +207,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         store.set("rpcnb/protocol", rendezvous.PROTOCOL)
         store.set("rpcnb/keycheck", rendezvous.key_check(secret))
         store.set("rpcnb/leader", name)
+        if remote:  # this host, for the fences of members on other hosts
+            fence.announce(store, secret, fence.my_addresses(host, iface), wait=0)
         roster.claim_name(store, name)
         roster.claim_rank(store, my_rank)
         for member in [name, *names]:

@@ -327,3 +327,7 @@ COLLECTIVE_TIMEOUT = (
     "A collective waits for every rank of the workers' process group: this cell ran on "
     "{ran}, and {missing} never came. Run collectives on every worker (%%remote --all)."
 )
+FENCE_SLOW = (
+    "some members of the group did not say within 5 s that they let this host in (a member "
+    "that died without leaving never answers). Calls between this kernel and such a member "
+    "may not connect: %rpc_workers shows who is there; docs/security.md, 'Strangers' bytes'.")

@@ -27,7 +27,7 @@ from rpcnb.membership import leave, view
 from rpcnb.observe import channels
 from rpcnb.paths import serialize, shm, ucx
 from rpcnb.procs import launch
-from rpcnb.session import protocol, rendezvous, roster, state
+from rpcnb.session import fence, protocol, rendezvous, roster, state
 from rpcnb.session.state import Member, Session
 from rpcnb.session.teardown import Teardown
 from rpcnb.wire import _torch, options
@@ -75,6 +75,8 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     # a fresh store, so a kernel re-initialising after shutdown starts from 0 again.
     _torch.reset_init_counter()
     backend = options.backend_options(opts, init_method)
+    fenced = not s.one_host and init_method.startswith("tcp://")
+    before = set(fence.listeners()) if fenced else set()
     if store is None:
         import torch.distributed.rpc as rpc
 
@@ -86,6 +88,8 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
             protocol.call(s.token, peer, "reverse_map", me, reverse, timeout=30)
     s.teardown.push("torch's RPC agent",
                     lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
+    if fenced:  # before anything else: strangers' bytes can end TensorPipe (fence's why)
+        _fence(s, before, iface)
     _torch.note_interface(iface)
     roster.keep_rank(rank)
     # RemoteModule's forward refers to a module torch generates when torch.distributed.nn
@@ -95,6 +99,15 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
         shm.activate(s.group_id, on_full=_shm_full(s))
     if opts.get("ucx"):
         ucx.activate(s)
+
+
+def _fence(s: Session, before: set[int], iface: str) -> None:
+    """Let only the group's hosts reach the listeners torch's agent just opened."""
+    host = s.init_method[len("tcp://"):].rpartition(":")[0].strip("[]")
+    store = rendezvous.open_store(s.init_method)
+    f = fence.fence(store, s.secret, before, fence.my_addresses(host, iface))
+    if f is not None:
+        s.teardown.push("fence", f.stop)
 
 
 def _shm_full(s: Session) -> Any:
@@ -216,6 +229,10 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     else:
         rank = fixed
     roster.publish(store, name, mine, mapped)
+    if not opts.get("one_host", True):  # the fenced members let this host in first
+        iface = env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", ""))
+        if not fence.announce(store, conn.secret, fence.my_addresses(host.strip("[]"), iface)):
+            print(f"rpcnb: {errors.FENCE_SLOW}", file=sys.stderr)
     s = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
                      secret=conn.secret, env=env, teardown=teardown)
     if register(s) is None:
