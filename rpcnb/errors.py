@@ -5,6 +5,8 @@ The sentences are module constants so tests (and docs/troubleshooting.md) can ma
 
 from __future__ import annotations
 
+from typing import Any
+
 from rpcnb import doclinks
 
 NOT_INITIALIZED = "This process is not in an RPC group yet: run %rpc_init (or rpcnb.init()) first."
@@ -202,9 +204,22 @@ class RpcnbError(RuntimeError):
     traceback. The magics show a plain ``RpcnbError`` as a ``UsageError``.
     """
 
+    results: dict[str, Any] | None = None  # a cell sent to several: the others' results
+
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of a deep local stack: the message says it all.
-        return [f"{type(self).__name__}: {self}"]
+        return [f"{type(self).__name__}: {self}", *self._others()]
+
+    def _others(self) -> list[str]:
+        """What the members that did finish returned (a cell sent to several)."""
+        if not self.results:
+            return []
+        import reprlib
+
+        shown = reprlib.Repr()  # keyword arguments only from Python 3.12
+        shown.maxlevel, shown.maxdict, shown.maxstring, shown.maxother = 2, 8, 60, 60
+        return ["", f"{', '.join(self.results)} finished; their results are in this error's "
+                f".results (sys.last_value.results in IPython): {shown.repr(self.results)}"]
 
 
 class WorkerDiedError(RpcnbError):
@@ -215,6 +230,8 @@ class WorkerDiedError(RpcnbError):
 
     Attributes:
         worker: the name of the worker that died or left.
+        results: for a cell sent to several workers, what those that finished returned
+            (by name); None otherwise.
     """
 
     def __init__(self, message: str, worker: str) -> None:
@@ -230,6 +247,8 @@ class WorkerUnreachableError(RpcnbError):
 
     Attributes:
         worker: the name of the unreachable worker.
+        results: for a cell sent to several workers, what those that finished returned
+            (by name); None otherwise.
     """
 
     def __init__(self, message: str, worker: str) -> None:
@@ -249,6 +268,8 @@ class RemoteError(RpcnbError):
         evalue: the remote exception's message.
         traceback: the remote traceback text, with the cell's own line numbers
             (``<worker1 cell 3>``).
+        results: for a cell sent to several workers, what those that finished returned
+            (by name); None otherwise.
     """
 
     def __init__(self, worker: str, ename: str, evalue: str, traceback: str) -> None:
@@ -261,7 +282,7 @@ class RemoteError(RpcnbError):
     def _render_traceback_(self) -> list[str]:
         head = f"RemoteError: {self.ename} on {self.worker}"
         body = self.traceback.rstrip("\n").splitlines() or [f"{self.ename}: {self.evalue}"]
-        return [head, *body]
+        return [head, *body, *self._others()]
 
 
 class CompositeRemoteError(RemoteError):
@@ -274,6 +295,8 @@ class CompositeRemoteError(RemoteError):
         errors: each worker's name mapped to its ``RemoteError``.
         worker: the first of those workers (``ename``, ``evalue`` and ``traceback`` are
             its error's, as a single ``RemoteError`` has them).
+        results: for a cell sent to several workers, what those that finished returned
+            (by name); None otherwise.
     """
 
     def __init__(self, errors: dict[str, RemoteError]) -> None:
@@ -288,7 +311,7 @@ class CompositeRemoteError(RemoteError):
         for err in self.errors.values():
             lines.append("")
             lines.extend(err._render_traceback_())
-        return lines
+        return [*lines, *self._others()]
 
 UCX_MISSING = (
     "--ucx (RPCNB_UCX=1) needs the ucxx package, which is not installed here: "

@@ -288,10 +288,16 @@ class Sent:
             remote = {w: e for w, e in failures.items() if isinstance(e, RemoteError)}
             other = [e for e in failures.values() if not isinstance(e, RemoteError)]
             if other:
-                raise other[0]
-            if len(remote) == 1:
-                raise next(iter(remote.values()))
-            raise errors.CompositeRemoteError(remote)
+                exc: BaseException = other[0]
+            elif len(remote) == 1:
+                exc = next(iter(remote.values()))
+            else:
+                exc = errors.CompositeRemoteError(remote)
+            finished = {c.worker: c.result for c in self.calls.values()
+                        if c.done and c.error is None}
+            if many and finished and isinstance(exc, errors.RpcnbError):
+                exc.results = finished  # nothing the others did is lost
+            raise exc
         results = {c.worker: c.result for c in self.calls.values()}
         if self.local is not None:
             results[LOCAL] = self.local[0]

@@ -268,6 +268,14 @@ def test_remote_error_names_worker_and_cell_line(group):
     one, two = re.findall(r"<worker1 cell (\d+)>", first), re.findall(r"<worker1 cell (\d+)>", second)
     assert one and two and len(set(one)) == 1 and set(two) == {str(int(one[0]) + 1)}, (first, second)
     assert "return 1 / 0" in second
+    # a cell sent to several: one raises, the other's result is not lost
+    both = group.execute("%%remote --all --fetch\nimport torch.distributed.rpc as rpc\n"
+                         "me = rpc.get_worker_info().name\n1 / 0 if me == 'worker1' else me * 2",
+                         allow_error=True)
+    assert "ZeroDivisionError" in both.traceback and "worker1" in both.traceback, both
+    assert "worker2 finished" in both.traceback and "worker2worker2" in both.traceback, both
+    group.execute("import sys")
+    assert group.value("sys.last_value.results") == {"worker2": "worker2worker2"}
 
 
 def test_interrupt_stops_remote_code_and_keeps_worker(group):
