@@ -44,6 +44,11 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         # the others answer at once
         out, took = timed(kernel, "%%remote worker1 --fetch\n6 * 7")
         assert out.text == "42" and took < 2, (out, took)
+        # a cell sent to all: the unreachable ones fail it, worker1's result is kept
+        out, took = timed(kernel, "%%remote --all --fetch\n6 * 7")
+        assert out.error and "unreachable" in out.traceback, out
+        assert "worker1 finished" in out.traceback and "{'worker1': 42}" in out.traceback, out
+        assert took < 10, took
 
         # %rpc_workers answers in time and marks both far members unreachable, not dead
         table, took = rows(kernel)
