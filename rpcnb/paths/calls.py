@@ -12,7 +12,9 @@ import time
 from typing import Any
 
 from rpcnb import telemetry
+from rpcnb.errors import WorkerUnreachableError
 from rpcnb.paths import shm, zerocopy
+from rpcnb.session import state
 
 _TENSOR: Any = None  # torch.Tensor, once installed
 
@@ -33,6 +35,12 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
     on TensorPipe's thread when it completes. Storages sent by handle are released once
     the call has completed."""
     peer = to if type(to) is str else str(getattr(to, "name", to))
+    s = state.active()
+    if s is not None and s.unreachable and peer in s.unreachable \
+            and getattr(func, "rpcnb_op_index", None) is None:
+        # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
+        # pings that find it back) still go
+        raise WorkerUnreachableError(s.unreachable_message(peer), peer)
     now = telemetry.SENDING
     old_peer, old_handed = now.peer, now.handed
     now.peer, now.handed = peer, None

@@ -44,6 +44,11 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         # the others answer at once
         out, took = timed(kernel, "%%remote worker1 --fetch\n6 * 7")
         assert out.text == "42" and took < 2, (out, took)
+        # a plain torch call to it fails at once, saying so, not after torch's 60 s
+        out, took = timed(kernel, "import os, torch.distributed.rpc as rpc\n"
+                                  "rpc.rpc_sync('worker2', os.getpid)")
+        assert out.error and "WorkerUnreachableError" in out.traceback, out
+        assert "worker2" in out.traceback and took < 2, (took, out.traceback)
         # a cell sent to all: the unreachable ones fail it, worker1's result is kept
         out, took = timed(kernel, "%%remote --all --fetch\n6 * 7")
         assert out.error and "unreachable" in out.traceback, out
@@ -79,6 +84,7 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         print(f"partition of {partition:.0f} s; back {healed:.1f} s after the link came up")
         out, took = timed(kernel, "%%remote worker2 --fetch\nkept + 1")
         assert out.text == "42", out
+        assert isinstance(kernel.value("rpc.rpc_sync('worker2', os.getpid)"), int)
         out = kernel.execute("%%remote worker3 --fetch\n'still here'")
         assert "still here" in out.text
         assert all(p.poll() is None for p in procs)
