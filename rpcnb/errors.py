@@ -354,3 +354,8 @@ FENCE_SLOW = (
     "some members of the group did not say within 5 s that they let this host in (a member "
     "that died without leaving never answers). Calls between this kernel and such a member "
     "may not connect: %rpc_workers shows who is there; docs/security.md, 'Strangers' bytes'.")
+JOIN_WHILE_UNREACHABLE = (
+    "{names} cannot be reached now (unreachable since {since}). torch admits a new member "
+    "only once every member has agreed, so a join now would wait for torch's timeout and "
+    "fail: try again when {them} answer again (%rpc_workers shows it; they come back on "
+    "their own when the network does), or start a new group.")

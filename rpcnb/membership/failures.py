@@ -26,6 +26,7 @@ from rpcnb.paths import shm
 from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
+from rpcnb.wire import _torch
 
 POLL = 0.2  # seconds between looks
 PING_EVERY = 1.0  # seconds between the pings of a member that joined by itself
@@ -84,7 +85,8 @@ def watch(s: Session) -> None:
             if name in s.dead:
                 continue
             reach.pop(name, None)
-            s.reachable(name)
+            if s.reachable(name):
+                _publish(s)
             declare(s, name, how)
 
 
@@ -129,6 +131,7 @@ class Reach:
         if silent < UNREACHABLE_S:
             if s.reachable(self.name):
                 print(f"rpcnb: {self.name} answers again.", file=sys.__stderr__)
+                _publish(s)
             return None
         heard = machine.heard_from(self.address) if self.address else None
         if heard is not None and heard < UNREACHABLE_S:
@@ -136,7 +139,16 @@ class Reach:
         if self.name not in s.unreachable:
             quiet = silent if heard is None else min(silent, heard)
             s.mark_unreachable(self.name, time.time() - quiet)
+            _publish(s)
         return None
+
+
+def _publish(s: Session) -> None:
+    """Who is unreachable, in the store for joiners (``roster.refuse_join_while_unreachable``)."""
+    try:
+        roster.publish_unreachable(s, _torch.store())
+    except Exception:  # the group is ending: nobody joins it any more
+        pass
 
 
 def declare(s: Session, name: str, how: str) -> None:

@@ -120,6 +120,7 @@ def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TI
         raise ValueError(errors.ADD_COUNT.format(n=n))
     collectives.refuse_resize(s, f"adding {n} worker(s)")
     store = _torch.store()
+    roster.refuse_join_while_unreachable(store)
     if any(entry.get("device_map") for entry in roster.published(store).values()):
         raise RpcnbError(errors.ADD_WITH_DEVICE_MAPS)
     with s.lock:

@@ -217,6 +217,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
     store = rendezvous.open_store(conn.address)
     leader = rendezvous.check_group(store, conn.secret, address)
+    roster.refuse_join_while_unreachable(store)
     mapped = options.join_device_map(name, device_map, mine, roster.published(store))
     if mapped:
         opts["device_map"] = mapped

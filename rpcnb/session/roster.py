@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import threading
 import uuid
 from collections.abc import Iterable
@@ -155,6 +156,33 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     if not names:
         raise RpcnbError(errors.UNKNOWN_WORKER.format(name=str(target), known=", ".join(live)))
     return names, many
+
+
+# --------------------------------------------------------------------------- partitions
+
+UNREACHABLE_KEY = "rpcnb/unreachable"
+
+
+def publish_unreachable(s: Session, store: Any) -> None:
+    """On the leader: which members cannot be reached now, and since when, for whoever
+    wants to join (``refuse_join_while_unreachable``)."""
+    with s.lock:
+        said = json.dumps(dict(s.unreachable))
+    store.set(UNREACHABLE_KEY, said)
+
+
+def refuse_join_while_unreachable(store: Any) -> None:
+    """Before anyone joins: RpcnbError while members are unreachable (torch's join asks
+    every member and would wait for its timeout, then fail with a store timeout)."""
+    if not store.check([UNREACHABLE_KEY]):
+        return
+    found = json.loads(store.get(UNREACHABLE_KEY).decode() or "{}")
+    if not found:
+        return
+    names = sorted(found)
+    since = time.strftime("%H:%M:%S", time.localtime(min(found.values())))
+    raise RpcnbError(errors.JOIN_WHILE_UNREACHABLE.format(
+        names=", ".join(names), since=since, them="it" if len(names) == 1 else "they"))
 
 
 # --------------------------------------------------------------------------- removal

@@ -68,6 +68,11 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         err = kernel.value("str(job.error())")
         assert "worker2" in err and "unreachable" in err, err
         assert all(p.poll() is None for p in procs), "a far worker exited during the partition"
+
+        # a new member cannot join now (torch's join asks every member): said at once
+        out, took = timed(kernel, "%rpc_init --add 1")
+        assert "cannot be reached now" in out.stderr and "worker2" in out.stderr, out
+        assert took < 5, took
         partition = time.monotonic() - cut
 
         # the link is back: the members answer again, on their own, with their namespace
@@ -85,6 +90,10 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         out, took = timed(kernel, "%%remote worker2 --fetch\nkept + 1")
         assert out.text == "42", out
         assert isinstance(kernel.value("rpc.rpc_sync('worker2', os.getpid)"), int)
+        out, took = timed(kernel, "%rpc_init --add 1", timeout=120)
+        assert not out.error and "worker4" in out.text + out.stdout, out
+        kernel.execute("import rpcnb")
+        assert kernel.value("rpcnb.run('worker4', '6 * 7', fetch=True)") == 42
         out = kernel.execute("%%remote worker3 --fetch\n'still here'")
         assert "still here" in out.text
         assert all(p.poll() is None for p in procs)
