@@ -108,20 +108,20 @@ def _mac(secret: str, address: str) -> str:
 
 
 def my_addresses(towards: str, iface: str) -> list[str]:
-    """The IPv4 addresses this host's members listen on and connect from, as the group
-    at ``towards`` sees them."""
-    found = []
-    if iface:
-        found.append(machine.interface_address(iface))
+    """The IPv4 addresses this host's members listen on and connect from: every address
+    of this host (a member picks its source address by route, which on a host with
+    several networks need not be the address it listens on), the one towards the group
+    at ``towards`` first."""
+    found = [machine.interface_address(name) for name in [iface, *machine.interfaces()] if name]
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.connect((towards, 9))  # UDP: picks a route, sends nothing
-        found.append(probe.getsockname()[0])
+        found.insert(0, probe.getsockname()[0])
     except OSError:
         pass
     finally:
         probe.close()
-    return sorted({a for a in found if a and not ipaddress.ip_address(a).is_loopback})
+    return list(dict.fromkeys(a for a in found if a and not ipaddress.ip_address(a).is_loopback))
 
 
 def announce(store: Any, secret: str, addresses: list[str], wait: float = WAIT_S) -> bool:

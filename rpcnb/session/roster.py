@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
