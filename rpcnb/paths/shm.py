@@ -27,7 +27,6 @@ them when it leaves, and the group's first kernel removes a dead member's.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import mmap
 import os
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import text
-from rpcnb.machine import SHM_DIR, give_back_memory, shm_free_bytes
+from rpcnb.machine import SHM_DIR, copy_bytes, give_back_memory, shm_free_bytes
 
 HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligned
 FREE, IN_FLIGHT = 0, 1
@@ -345,11 +344,9 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
         dst = torch.frombuffer(seg.mm, dtype=tensor.dtype, count=tensor.nelement(),
                                offset=HEADER)
         if tensor.is_contiguous():
-            # One plain memmove (GIL released). torch's parallel copy_ is faster here (10
-            # against 12.4 ms for 100 MB) but starts its thread pool in a process that had
-            # none, and leaves those threads spinning after it, taking the cores the RPC
-            # that follows needs (tests/kernel/test_soak.py counts a worker's threads).
-            ctypes.memmove(dst.data_ptr(), tensor.data_ptr(), nbytes)
+            # memmove in parallel parts, GIL released (machine.copy_bytes says why not
+            # torch's copy_)
+            copy_bytes(dst.data_ptr(), tensor.data_ptr(), nbytes)
         else:
             dst.view(tensor.shape).copy_(tensor)
         del dst
