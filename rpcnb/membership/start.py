@@ -104,7 +104,8 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
 def _fence(s: Session, before: set[int], iface: str) -> None:
     """Let only the group's hosts reach the listeners torch's agent just opened."""
     host = s.init_method[len("tcp://"):].rpartition(":")[0].strip("[]")
-    store = rendezvous.open_store(s.init_method)
+    # its own client, quick to give up: the store goes with the first kernel
+    store = rendezvous.open_store(s.init_method, timeout=2.0)
     f = fence.fence(store, s.secret, before, fence.my_addresses(host, iface))
     if f is not None:
         s.teardown.push("fence", f.stop)
