@@ -208,7 +208,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         store.set("rpcnb/keycheck", rendezvous.key_check(secret))
         store.set("rpcnb/leader", name)
         if remote:  # this host, for the fences of members on other hosts
-            fence.announce(store, secret, fence.my_addresses(host, iface), wait=0)
+            fence.announce(store, secret, fence.my_addresses(host), wait=0)
         roster.claim_name(store, name)
         roster.claim_rank(store, my_rank)
         for member in [name, *names]:

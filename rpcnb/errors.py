@@ -359,3 +359,7 @@ JOIN_WHILE_UNREACHABLE = (
     "only once every member has agreed, so a join now would wait for torch's timeout and "
     "fail: try again when {them} answer again (%rpc_workers shows it; they come back on "
     "their own when the network does), or start a new group.")
+NOT_FENCED = (
+    "this member's TensorPipe listeners are not IPv4 ones, so they are not fenced: bytes "
+    "from a stranger that reaches them can end this process. Use an IPv4 address for --host "
+    "(docs/security.md, 'Strangers' bytes').")

@@ -76,20 +76,20 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     _torch.reset_init_counter()
     backend = options.backend_options(opts, init_method)
     fenced = not s.one_host and init_method.startswith("tcp://")
-    before = set(fence.listeners()) if fenced else set()
+    before = set(fence.listeners().values()) if fenced else set()
     if store is None:
         import torch.distributed.rpc as rpc
 
         rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
     else:
         _torch.init_rpc_with_store(name, rank, store, backend)
-    if backend.device_maps:  # before anyone replies with a CUDA tensor (_torch's why)
-        for peer, me, reverse in _torch.reverse_maps_to_teach():
-            protocol.call(s.token, peer, "reverse_map", me, reverse, timeout=30)
     s.teardown.push("torch's RPC agent",
                     lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
     if fenced:  # before anything else: strangers' bytes can end TensorPipe (fence's why)
-        _fence(s, before, iface)
+        _fence(s, before)
+    if backend.device_maps:  # before anyone replies with a CUDA tensor (_torch's why)
+        for peer, me, reverse in _torch.reverse_maps_to_teach():
+            protocol.call(s.token, peer, "reverse_map", me, reverse, timeout=30)
     _torch.note_interface(iface)
     roster.keep_rank(rank)
     # RemoteModule's forward refers to a module torch generates when torch.distributed.nn
@@ -101,13 +101,15 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
         ucx.activate(s)
 
 
-def _fence(s: Session, before: set[int], iface: str) -> None:
+def _fence(s: Session, before: set[str]) -> None:
     """Let only the group's hosts reach the listeners torch's agent just opened."""
     host = s.init_method[len("tcp://"):].rpartition(":")[0].strip("[]")
     # its own client, quick to give up: the store goes with the first kernel
     store = rendezvous.open_store(s.init_method, timeout=2.0)
-    f = fence.fence(store, s.secret, before, fence.my_addresses(host, iface))
-    if f is not None:
+    f = fence.fence(store, s.secret, before, fence.my_addresses(host))
+    if f is None:
+        print(f"rpcnb: {errors.NOT_FENCED}", file=sys.stderr)
+    else:
         s.teardown.push("fence", f.stop)
 
 
@@ -232,8 +234,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
         rank = fixed
     roster.publish(store, name, mine, mapped)
     if not opts.get("one_host", True):  # the fenced members let this host in first
-        iface = env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", ""))
-        if not fence.announce(store, conn.secret, fence.my_addresses(host.strip("[]"), iface)):
+        if not fence.announce(store, conn.secret, fence.my_addresses(host.strip("[]"))):
             print(f"rpcnb: {errors.FENCE_SLOW}", file=sys.stderr)
     s = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
                      secret=conn.secret, env=env, teardown=teardown)

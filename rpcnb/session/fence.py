@@ -35,15 +35,16 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import machine
-
 POLL_S = 0.25  # how often a fenced member looks for new hosts in the store
 WAIT_S = 5.0  # how long a joiner waits for the fenced members to let it in
-MAX_HOSTS = 250  # a classic BPF jump reaches 255 instructions ahead
+MAX_HOSTS = 2000  # addresses in one filter: 2 instructions each, of classic BPF's 4096
+READ_AT_ONCE = 256  # new entries a fence reads per look
+PENDING_S = 60.0  # how long an entry counted but not written yet is looked for
 
 SO_ATTACH_FILTER = 26
 _SKF_NET_OFF = -0x100000
 _LD_W_ABS, _AND_K, _JEQ_K, _RET_K = 0x20, 0x54, 0x15, 0x06
+_KEEP, _DROP = 0xFFFFFFFF, 0
 
 
 class _Insn(ctypes.Structure):
@@ -56,13 +57,12 @@ def program(hosts: list[str]) -> list[tuple[int, int, int, int]]:
     drops the rest. Raises ValueError beyond MAX_HOSTS hosts."""
     addrs = sorted({int(ipaddress.IPv4Address(h)) for h in hosts})
     if len(addrs) > MAX_HOSTS:
-        raise ValueError(f"a group's fence holds at most {MAX_HOSTS} hosts, not {len(addrs)}")
-    n = len(addrs)
+        raise ValueError(f"a group's fence holds at most {MAX_HOSTS} addresses, not {len(addrs)}")
     insns = [(_LD_W_ABS, 0, 0, (_SKF_NET_OFF + 12) & 0xFFFFFFFF)]  # A = source address
-    # host i sits at index i + 1; "keep" at index n + 4
-    insns += [(_JEQ_K, n + 2 - i, 0, a) for i, a in enumerate(addrs)]
-    insns += [(_AND_K, 0, 0, 0xFF000000), (_JEQ_K, 1, 0, 0x7F000000),
-              (_RET_K, 0, 0, 0), (_RET_K, 0, 0, 0xFFFFFFFF)]
+    for a in addrs:  # no jump longer than one instruction, however many hosts
+        insns += [(_JEQ_K, 0, 1, a), (_RET_K, 0, 0, _KEEP)]
+    insns += [(_AND_K, 0, 0, 0xFF000000), (_JEQ_K, 0, 1, 0x7F000000),
+              (_RET_K, 0, 0, _KEEP), (_RET_K, 0, 0, _DROP)]
     return insns
 
 
@@ -70,6 +70,7 @@ def attach(fd: int, hosts: list[str]) -> None:
     """Let only ``hosts`` and loopback reach the socket ``fd`` (replaces its filter)."""
     insns = program(hosts)
     code = (_Insn * len(insns))(*(_Insn(*i) for i in insns))
+    # struct sock_fprog: the kernel copies the program during the call
     fprog = struct.pack("@HP", len(insns), ctypes.addressof(code))
     sock = socket.socket(fileno=os.dup(fd))  # the same socket: the filter is its own
     try:
@@ -79,7 +80,7 @@ def attach(fd: int, hosts: list[str]) -> None:
 
 
 def listeners() -> dict[int, str]:
-    """This process's listening IPv4 TCP sockets: fd -> ``ADDR:PORT``."""
+    """This process's listening IPv4 TCP sockets: fd -> socket inode."""
     by_inode: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc/self/fd"):
@@ -96,10 +97,16 @@ def listeners() -> dict[int, str]:
     for line in lines:
         fields = line.split()
         if fields[3] == "0A" and fields[9] in by_inode:  # 0A: LISTEN
-            hexaddr, port = fields[1].split(":")
-            addr = socket.inet_ntoa(bytes.fromhex(hexaddr)[::-1])
-            found[by_inode[fields[9]]] = f"{addr}:{int(port, 16)}"
+            found[by_inode[fields[9]]] = fields[9]
     return found
+
+
+def _same_socket(fd: int, inode: str) -> bool:
+    """Whether ``fd`` is still that socket (a closed fd's number is soon reused)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == f"socket:[{inode}]"
+    except OSError:
+        return False
 
 
 def _mac(secret: str, address: str) -> str:
@@ -107,12 +114,15 @@ def _mac(secret: str, address: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def my_addresses(towards: str, iface: str) -> list[str]:
+def my_addresses(towards: str) -> list[str]:
     """The IPv4 addresses this host's members listen on and connect from: every address
-    of this host (a member picks its source address by route, which on a host with
-    several networks need not be the address it listens on), the one towards the group
-    at ``towards`` first."""
-    found = [machine.interface_address(name) for name in [iface, *machine.interfaces()] if name]
+    of this host, secondary ones included (a member picks its source address by route,
+    which on a host with several networks need not be the address it listens on), the
+    one towards the group at ``towards`` first."""
+    import psutil
+
+    found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+             if a.family == socket.AF_INET]
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.connect((towards, 9))  # UDP: picks a route, sends nothing
@@ -130,8 +140,11 @@ def announce(store: Any, secret: str, addresses: list[str], wait: float = WAIT_S
     answer in time (a member that died without leaving)."""
     seqs = []
     for address in addresses:
-        seq = int(store.add("rpcnb/hosts/n", 1))
-        store.set(f"rpcnb/hosts/{seq}", f"{address} {_mac(secret, address)}")
+        entry = f"{address} {_mac(secret, address)}"
+        while True:  # a number whose entry someone else wrote first is not ours
+            seq = int(store.add("rpcnb/hosts/n", 1))
+            if store.compare_set(f"rpcnb/hosts/{seq}", "", entry).decode() == entry:
+                break
         seqs.append(seq)
     deadline = time.monotonic() + wait
     while True:
@@ -148,50 +161,75 @@ class Fence:
     hosts of the group in."""
 
     def __init__(self, store: Any, secret: str, fds: dict[int, str], mine: list[str]) -> None:
-        self.store, self.secret, self.fds = store, secret, fds
+        self.store, self.secret, self.fds = store, secret, dict(fds)
         self.hosts = set(mine)
         self.seen = 0
-        self.stopped = threading.Event()
-        self._refresh()
+        self.pending: dict[int, float] = {}  # counted, not written yet: since when
+        self.lock = threading.Lock()
+        self.stopped = False
+        # counted first: a joiner that reads the count waits for this fence, which then
+        # reads its entry (every entry from the first) in its first look
         self.store.add("rpcnb/fences", 1)
+        self._refresh(first=True)
         self.thread = threading.Thread(target=self._watch, name="rpcnb-fence", daemon=True)
         self.thread.start()
 
-    def _refresh(self) -> None:
+    def _refresh(self, first: bool = False) -> None:
         """Let in what the store lists that this fence has not seen yet."""
         last = int(self.store.add("rpcnb/hosts/n", 0))
+        now = time.monotonic()
+        look = sorted(self.pending) + list(range(self.seen + 1,
+                                                 min(last, self.seen + READ_AT_ONCE) + 1))
+        self.seen = max(self.seen, min(last, self.seen + READ_AT_ONCE))
         new = []
-        for seq in range(self.seen + 1, last + 1):
-            with contextlib.suppress(Exception):
-                address, mac = self.store.get(f"rpcnb/hosts/{seq}").decode().split()
+        for seq in look:
+            key = f"rpcnb/hosts/{seq}"
+            since = self.pending.pop(seq, now)
+            if not self.store.check([key]):  # counted, not written yet
+                if now - since < PENDING_S:
+                    self.pending[seq] = since
+                continue
+            with contextlib.suppress(ValueError, UnicodeDecodeError):
+                address, mac = self.store.get(key).decode().split()
                 ipaddress.IPv4Address(address)
                 if hmac.compare_digest(mac, _mac(self.secret, address)):
-                    self.hosts.add(address)
-                    new.append(seq)
-        if self.seen == 0 or new:
-            hosts = sorted(self.hosts)[:MAX_HOSTS]
-            for fd in self.fds:
-                attach(fd, hosts)
-        self.seen = last
-        for seq in new:
+                    new.append((seq, address))
+        with self.lock:
+            if self.stopped:
+                return
+            grown = self.hosts | {a for _, a in new}
+            if first or grown != self.hosts:
+                hosts = sorted(grown)[:MAX_HOSTS]
+                for fd, inode in list(self.fds.items()):
+                    if _same_socket(fd, inode):
+                        attach(fd, hosts)
+                    else:  # closed (torch's agent is gone): nothing to fence there
+                        del self.fds[fd]
+                self.hosts = grown
+        for seq, _ in new:
             self.store.add(f"rpcnb/hosts/{seq}/in", 1)
 
     def _watch(self) -> None:
-        while not self.stopped.wait(POLL_S):
+        while True:
+            time.sleep(POLL_S)
+            with self.lock:
+                if self.stopped:
+                    return
             with contextlib.suppress(Exception):  # the store went with the group
                 self._refresh()
 
     def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(2 * POLL_S + 1)
+        with self.lock:
+            self.stopped = True  # no filter is attached after this
         with contextlib.suppress(Exception):
             self.store.add("rpcnb/fences", -1)
 
 
-def fence(store: Any, secret: str, before: set[int], mine: list[str]) -> Fence | None:
-    """Fence the listeners this process opened since ``before`` (its TensorPipe agent's),
-    letting in ``mine``, the group's hosts in the store, and loopback."""
-    fds = {fd: addr for fd, addr in listeners().items() if fd not in before}
+def fence(store: Any, secret: str, before: set[str], mine: list[str]) -> Fence | None:
+    """Fence the listeners this process opened since ``before`` (inodes of the listening
+    sockets it had then: its TensorPipe agent's are the new ones), letting in ``mine``,
+    the group's hosts in the store, and loopback. None when it opened no IPv4 listener."""
+    fds = {fd: inode for fd, inode in listeners().items() if inode not in before}
     if not fds:
         return None
     return Fence(store, secret, fds, mine)
