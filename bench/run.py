@@ -536,13 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
     parser.add_argument("--only", default=None,
                         help="comma list of benchmarks to run: 1,2,3,4 and the modules' sections "
-                             "(curves, idle, ...); 1 and 2 share a kernel (default all)")
+                             "(curves, idle, ...) and ucx; 1 and 2 share a kernel (default all)")
     parser.add_argument("--rpc-args", default="",
                         help="extra %%rpc_init flags for every rpcnb group, e.g. '--transports uv'")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     extra = modules()
-    every = ["1", "2", "3", "4"] + [m.SECTION for m in extra]
+    every = ["1", "2", "3", "4"] + [m.SECTION for m in extra] + ["ucx"]
     only = {p.strip() for p in (args.only or ",".join(every)).split(",")}
     out_path = args.out or DEFAULT_OUT
 
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {out_path}")
-    if interrupted is None:  # the UCX section, a process of its own: bench/results/ucx.json
+    if interrupted is None and "ucx" in only:  # a process of its own: bench/results/ucx.json
         ucx_section(args.quick)
     if interrupted is not None:
         raise interrupted
