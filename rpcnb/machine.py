@@ -233,21 +233,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listening_addresses(pid: int | str = "self") -> list[str]:
-    """The local addresses (``ADDR:PORT``) process ``pid`` listens on with TCP, read from
-    /proc in its own network namespace; [] when it is gone or not ours to read."""
-    inodes = set()
+def listening_sockets(pid: int | str = "self") -> dict[str, tuple[int, str, str]]:
+    """Process ``pid``'s listening TCP sockets, read from /proc in its own network
+    namespace: socket inode -> (fd, ``ADDR:PORT``, ``"tcp"`` or ``"tcp6"``); {} when it
+    is gone or not ours to read."""
+    fds: dict[str, int] = {}
     try:
-        for fd in os.scandir(f"/proc/{pid}/fd"):
+        for entry in os.scandir(f"/proc/{pid}/fd"):
             try:
-                target = os.readlink(fd.path)
+                target = os.readlink(entry.path)
             except OSError:
                 continue
             if target.startswith("socket:["):
-                inodes.add(target[8:-1])
+                fds[target[8:-1]] = int(entry.name)
     except OSError:
-        return []
-    found = []
+        return {}
+    found = {}
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}") as f:
@@ -256,26 +257,38 @@ def listening_addresses(pid: int | str = "self") -> list[str]:
             continue
         for line in lines:
             fields = line.split()
-            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+            if fields[3] != "0A" or fields[9] not in fds:  # 0A: LISTEN
                 continue
             hexaddr, port = fields[1].split(":")
             raw = bytes.fromhex(hexaddr)
             # /proc stores each 32-bit word in host (little-endian) order
             raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found.append(f"{ipaddress.ip_address(raw)}:{int(port, 16)}")
+            found[fields[9]] = (fds[fields[9]], f"{ipaddress.ip_address(raw)}:{int(port, 16)}",
+                                table)
     return found
+
+
+def route_source(host: str, port: int = 9) -> str:
+    """The address this machine would send from to reach ``host`` ('' when it has no
+    route there)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, port))  # UDP: picks a route, sends nothing
+        return str(probe.getsockname()[0])
+    except OSError:
+        return ""
+    finally:
+        probe.close()
 
 
 def interface_towards(host: str, port: int) -> str:
     """The interface this machine would use to reach ``host`` (for a remote joiner)."""
     if is_loopback(host):
         return "lo"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((host, port))  # UDP: picks a route, sends nothing
-        return interface_of(probe.getsockname()[0])
-    finally:
-        probe.close()
+    source = route_source(host, port)
+    if not source:
+        raise OSError(f"no route to {host}")
+    return interface_of(source)
 
 
 def heard_from(address: str) -> float | None:

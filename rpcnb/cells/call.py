@@ -293,10 +293,9 @@ class Sent:
                 exc = next(iter(remote.values()))
             else:
                 exc = errors.CompositeRemoteError(remote)
-            finished = {c.worker: c.result for c in self.calls.values()
-                        if c.done and c.error is None}
-            if many and finished and isinstance(exc, errors.RpcnbError):
-                exc.results = finished  # nothing the others did is lost
+            if many and isinstance(exc, errors.RpcnbError):  # nothing the others did is lost
+                exc.results = {c.worker: c.result for c in self.calls.values()
+                               if c.done and c.error is None} or None
             raise exc
         results = {c.worker: c.result for c in self.calls.values()}
         if self.local is not None:

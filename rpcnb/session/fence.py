@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any
 
+from rpcnb import machine
+
 POLL_S = 0.25  # how often a fenced member looks for new hosts in the store
 WAIT_S = 5.0  # how long a joiner waits for the fenced members to let it in
 MAX_HOSTS = 2000  # addresses in one filter: 2 instructions each, of classic BPF's 4096
@@ -81,24 +83,8 @@ def attach(fd: int, hosts: list[str]) -> None:
 
 def listeners() -> dict[int, str]:
     """This process's listening IPv4 TCP sockets: fd -> socket inode."""
-    by_inode: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc/self/fd"):
-            with contextlib.suppress(OSError, ValueError):
-                target = os.readlink(entry.path)
-                if target.startswith("socket:["):
-                    by_inode[target[8:-1]] = int(entry.name)
-    found: dict[int, str] = {}
-    try:
-        with open("/proc/self/net/tcp") as f:
-            lines = f.read().splitlines()[1:]
-    except OSError:
-        return found
-    for line in lines:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in by_inode:  # 0A: LISTEN
-            found[by_inode[fields[9]]] = fields[9]
-    return found
+    return {fd: inode for inode, (fd, _, table) in machine.listening_sockets().items()
+            if table == "tcp"}
 
 
 def _same_socket(fd: int, inode: str) -> bool:
@@ -123,14 +109,7 @@ def my_addresses(towards: str) -> list[str]:
 
     found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
              if a.family == socket.AF_INET]
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((towards, 9))  # UDP: picks a route, sends nothing
-        found.insert(0, probe.getsockname()[0])
-    except OSError:
-        pass
-    finally:
-        probe.close()
+    found.insert(0, machine.route_source(towards))
     return list(dict.fromkeys(a for a in found if a and not ipaddress.ip_address(a).is_loopback))
 
 

@@ -16,11 +16,10 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import worker_pids
+from conftest import listening_addresses, worker_pids
 from hosts import FAR, far_group, stop, timed
 
 from bench.netsetup import veth_pair
-from rpcnb import machine
 from rpcnb.procs.processes import pid_alive
 from rpcnb.session import rendezvous
 
@@ -71,7 +70,7 @@ def test_a_strangers_bytes_end_no_member(kernel, netns, tmp_path):
             store_port = int(kernel.value("_s.init_method").rsplit(":", 1)[1])
             ports = sorted({(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))
                             for name in ("worker0", "worker1")
-                            for a in machine.listening_addresses(pids[name])
+                            for a in listening_addresses(pids[name])
                             if a.startswith(here + ":")})
             tensorpipe = [p for _, p in ports if p != store_port]
             assert len(tensorpipe) >= 2 * 17, ports  # 1 + 16 lanes each
