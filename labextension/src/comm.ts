@@ -326,21 +326,33 @@ export class Link {
 
   private closeOne(comm: Kernel.IComm): void {
     comm.onClose = () => undefined;
+    let handled: Promise<unknown> = Promise.resolve();
     try {
-      comm.close();
+      // comm_close goes on the comm's subshell and delete_subshell_request on control,
+      // which the kernel reads first: dropped at once, the subshell is gone before the
+      // close reaches it ("Unknown subshell_id" in the kernel's log, the comm left open)
+      handled = comm.close()?.done ?? handled;
     } catch (err) {
       // the kernel is gone already
     }
     if (this.kernel) {
-      this.forget(this.kernel, comm);
+      this.forget(this.kernel, comm, handled);
     }
   }
 
-  /** The comm is closed: its subshell goes too. */
-  private forget(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): void {
+  /** The comm is closed: its subshell goes too, once ``handled`` (the kernel's idle
+   * after the comm_close) settles, or after SUBSHELL_WAIT_MS. */
+  private forget(
+    kernel: Kernel.IKernelConnection,
+    comm: Kernel.IComm,
+    handled: Promise<unknown> = Promise.resolve()
+  ): void {
     const subshell = this.subshells.get(comm);
     this.subshells.delete(comm);
-    void dropSubshell(kernel, subshell ?? null);
+    void Promise.race([
+      handled.catch(() => undefined),
+      new Promise(resolve => setTimeout(resolve, SUBSHELL_WAIT_MS))
+    ]).then(() => dropSubshell(kernel, subshell ?? null));
   }
 
   /** Close the comm; ``tellKernel`` false when the kernel restarts: the new kernel
