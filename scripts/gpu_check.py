@@ -54,15 +54,17 @@ def main(argv: list[str] | None = None) -> int:
               "to check. Run it on a machine with a GPU (see GPU.md).")
         return 0
     files = gpu_test_files()
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "-m", "gpu", "-p",
-                            "no:cacheprovider", *files], cwd=ROOT, capture_output=True,
-                           text=True)
-    # the whole of pytest's output, kept: a crash's traceback is in the middle of it
+    # the whole of pytest's output, kept, and written as it comes: a crash's traceback is in
+    # the middle of it, and a run cut short by the GPU machine's time limit keeps its start
     LOG.parent.mkdir(parents=True, exist_ok=True)
-    LOG.write_text(tests.stdout + "\n--- stderr ---\n" + tests.stderr, encoding="utf-8")
-    print(tests.stdout[-6000:], tests.stderr[-2000:])
+    with LOG.open("w", encoding="utf-8") as log:
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "-m", "gpu", "-p",
+                                "no:cacheprovider", *files], cwd=ROOT, stdout=log,
+                               stderr=subprocess.STDOUT, text=True)
+    out = LOG.read_text(encoding="utf-8", errors="replace")
+    print(out[-8000:])
     print(f"(pytest's whole output: {LOG.relative_to(ROOT)})")
-    lines = tests.stdout.strip().splitlines()
+    lines = out.strip().splitlines()
     summary = lines[-1] if lines and lines[-1].startswith("=") else (
         f"pytest stopped (exit {tests.returncode}) before its summary: see {LOG.name}")
     bench = subprocess.run([sys.executable, "-m", "bench.gpu"], cwd=ROOT, capture_output=True,
