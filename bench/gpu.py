@@ -13,7 +13,9 @@
    torch RPC sends it without rpcnb, through the host), in turns.
 3. The PyTorch CUDA RPC recipe's ``measure`` (two ``Linear(1000, 1000)`` shards,
    distributed autograd, ten iterations) in ``comm_mode="cpu"`` and ``"cuda"``, its
-   ``MyModule`` defined in ``__main__`` (shipped by value, as from a notebook cell).
+   ``MyModule`` defined in ``__main__`` (shipped by value, as from a notebook cell); then
+   the same recipe in a group formed by torch's own ``init_rpc`` (``bench/gpu_recipe.py``,
+   the recipe's options and map): does an rpcnb group tax it?
 
 With one GPU both processes use ``cuda:0`` (map ``{0: 0}``: CUDA IPC between processes);
 with two, the recipe's ``cuda:0`` -> ``cuda:1`` (``{0: 1}``). Without CUDA it says so and
@@ -40,7 +42,12 @@ TARGETS = {
     "rpcnb round trip within 1.5x of raw rpc_sync (same map)": ("rpcnb", "raw", 1.5),
     "rpcnb round trip at least 25x faster than CPU-staged": ("staged", "rpcnb", 25.0),
     "recipe: CUDA mode at least 4x faster than CPU mode": ("recipe cpu", "recipe cuda", 4.0),
+    "recipe, CUDA mode: rpcnb within 1.05x of torch alone": (
+        "recipe cuda", "recipe cuda, torch alone", 1.05),
 }
+# the ways whose ratio to the other must stay under the target (the rest: above it)
+LOWER_IS_BETTER = {"rpcnb", "push cupy", "recipe cuda"}
+RECIPE_TURNS = 5
 CUPY_TARGET = {
     "CuPy array --push within 1.5x of a CUDA tensor's": ("push cupy", "push tensor", 1.5),
 }
@@ -58,37 +65,37 @@ def staged_back(t: Any, device: str) -> Any:
 # -- the recipe's code, as pasted into a notebook (defined in __main__ when run as a script)
 
 def recipe_classes() -> Any:
-    import torch
-    import torch.distributed.autograd as autograd
-    import torch.distributed.rpc as rpc
+    """The recipe's ``measure`` with its ``MyModule`` defined in ``__main__``, as a notebook
+    cell defines it (rpcnb ships it by value): bench/gpu_recipe.py's class, its source run
+    again there; that file runs the same recipe in a group of torch alone."""
+    import functools
+    import inspect
+
     import torch.nn as nn
 
-    class MyModule(nn.Module):
-        def __init__(self, device: str, comm_mode: str) -> None:
-            super().__init__()
-            self.device = device
-            self.linear = nn.Linear(1000, 1000).to(device)
-            self.comm_mode = comm_mode
+    from bench import gpu_recipe
 
-        def forward(self, x: Any) -> Any:
-            y = self.linear(x.to(self.device))
-            return y.cpu() if self.comm_mode == "cpu" else y
+    cell: dict[str, Any] = {"__name__": "__main__", "nn": nn, "Any": Any}
+    exec(inspect.getsource(gpu_recipe.MyModule), cell)  # noqa: S102 (the bench's own code)
+    return functools.partial(gpu_recipe.measure, cell["MyModule"])
 
-    MyModule.__module__ = "__main__"  # as a class defined in a notebook cell
 
-    def measure(comm_mode: str, local: str, remote: str) -> float:
-        lm = MyModule(local, comm_mode)
-        rm = rpc.remote("worker1", MyModule, args=(remote, comm_mode))
-        x = torch.randn(1000, 1000).to(local)
-        tik = time.time()
-        for _ in range(10):
-            with autograd.context() as ctx:
-                y = rm.rpc_sync().forward(lm(x))
-                autograd.backward(ctx, [y.sum()])
-        torch.cuda.current_stream(local).synchronize()
-        return time.time() - tik
+def torch_alone_recipe(local: str, remote: str, turns: int) -> dict[str, list[float]]:
+    """The same recipe in a group of two formed by torch's own ``init_rpc`` (the recipe's
+    options and map), run after the rpcnb group has shut down: seconds per ``measure``."""
+    import os
+    import subprocess
 
-    return measure
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_recipe", "--local", local,
+                           "--remote", remote, "--turns", str(turns)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the recipe in a group of torch alone failed (exit "
+                           f"{done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"recipe cpu, torch alone": got["cpu"], "recipe cuda, torch alone": got["cuda"]}
 
 
 def cupy_pushes(t: Any, reps: int) -> dict[str, list[float]]:
@@ -170,18 +177,19 @@ def run(size_mb: int, reps: int) -> dict[str, Any]:
                 samples[way].append(timed(fn))
         samples.update(cupy_pushes(t, reps))
         measure = recipe_classes()
-        recipe = {"recipe cpu": [], "recipe cuda": []}
-        for _ in range(3):
+        recipe: dict[str, list[float]] = {"recipe cpu": [], "recipe cuda": []}
+        for _ in range(RECIPE_TURNS):
             recipe["recipe cpu"].append(measure("cpu", local, remote))
             recipe["recipe cuda"].append(measure("cuda", local, remote))
     finally:
         rpcnb.shutdown()
+    recipe.update(torch_alone_recipe(local, remote, RECIPE_TURNS))
     medians = {k: _median_ms(v) for k, v in {**samples, **recipe}.items()}
     verdicts = {}
     targets = {**TARGETS, **(CUPY_TARGET if "push cupy" in medians else {})}
     for name, (slow, fast, factor) in targets.items():
         ratio = medians[slow] / medians[fast]
-        ok = ratio <= factor if slow in ("rpcnb", "push cupy") else ratio >= factor
+        ok = ratio <= factor if slow in LOWER_IS_BETTER else ratio >= factor
         verdicts[name] = {"ratio": ratio, "pass": ok}
     return {
         "machine": {"gpus": gpus, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -209,6 +217,12 @@ def table(result: dict[str, Any]) -> str:
         ("  comm_mode='cpu'", f"{m['recipe cpu']:.1f} ms", ""),
         ("  comm_mode='cuda'", f"{m['recipe cuda']:.1f} ms",
          f"speed-up {m['recipe cpu'] / m['recipe cuda']:.1f}x"),
+        ("recipe, 10 iterations, group of torch alone", "", ""),
+        ("  comm_mode='cpu'", f"{m['recipe cpu, torch alone']:.1f} ms",
+         f"rpcnb/torch {m['recipe cpu'] / m['recipe cpu, torch alone']:.2f}x"),
+        ("  comm_mode='cuda'", f"{m['recipe cuda, torch alone']:.1f} ms",
+         f"rpcnb/torch {m['recipe cuda'] / m['recipe cuda, torch alone']:.2f}x; speed-up "
+         f"{m['recipe cpu, torch alone'] / m['recipe cuda, torch alone']:.1f}x"),
     ]
     from rpcnb.text import table as render
 
