@@ -14,8 +14,10 @@
 3. The PyTorch CUDA RPC recipe's ``measure`` (two ``Linear(1000, 1000)`` shards,
    distributed autograd, ten iterations) in ``comm_mode="cpu"`` and ``"cuda"``, its
    ``MyModule`` defined in ``__main__`` (shipped by value, as from a notebook cell); then
-   the same recipe in a group formed by torch's own ``init_rpc`` (``bench/gpu_recipe.py``,
-   the recipe's options and map): does an rpcnb group tax it?
+   the same recipe in an rpcnb group with TensorPipe's shm transport (``--transports
+   shm,uv``), and in groups formed by torch's own ``init_rpc`` (``bench/gpu_recipe.py``, the
+   recipe's options and map) over uv only and with torch's default transports: does an
+   rpcnb group tax it, and what does rpcnb's default transport cost?
 
 With one GPU both processes use ``cuda:0`` (map ``{0: 0}``: CUDA IPC between processes);
 with two, the recipe's ``cuda:0`` -> ``cuda:1`` (``{0: 1}``). Without CUDA it says so and
@@ -42,11 +44,13 @@ TARGETS = {
     "rpcnb round trip within 1.5x of raw rpc_sync (same map)": ("rpcnb", "raw", 1.5),
     "rpcnb round trip at least 25x faster than CPU-staged": ("staged", "rpcnb", 25.0),
     "recipe: CUDA mode at least 4x faster than CPU mode": ("recipe cpu", "recipe cuda", 4.0),
-    "recipe, CUDA mode: rpcnb within 1.05x of torch alone": (
-        "recipe cuda", "recipe cuda, torch alone", 1.05),
+    "recipe, CUDA mode: rpcnb within 1.05x of torch alone, both over uv": (
+        "recipe cuda", "recipe cuda, torch uv", 1.05),
+    "recipe, CUDA mode: rpcnb --transports shm,uv within 1.05x of torch's defaults": (
+        "recipe cuda, rpcnb shm", "recipe cuda, torch", 1.05),
 }
 # the ways whose ratio to the other must stay under the target (the rest: above it)
-LOWER_IS_BETTER = {"rpcnb", "push cupy", "recipe cuda"}
+LOWER_IS_BETTER = {"rpcnb", "push cupy", "recipe cuda", "recipe cuda, rpcnb shm"}
 RECIPE_TURNS = 5
 CUPY_TARGET = {
     "CuPy array --push within 1.5x of a CUDA tensor's": ("push cupy", "push tensor", 1.5),
@@ -80,22 +84,62 @@ def recipe_classes() -> Any:
     return functools.partial(gpu_recipe.measure, cell["MyModule"])
 
 
-def torch_alone_recipe(local: str, remote: str, turns: int) -> dict[str, list[float]]:
+def torch_alone_recipe(local: str, remote: str, turns: int,
+                       transports: str = "") -> dict[str, list[float]]:
     """The same recipe in a group of two formed by torch's own ``init_rpc`` (the recipe's
-    options and map), run after the rpcnb group has shut down: seconds per ``measure``."""
+    options and map; ``transports`` "" for torch's own, shm and uv), run while no rpcnb
+    group is up: seconds per ``measure``, keyed "cpu" and "cuda"."""
     import os
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     done = subprocess.run([sys.executable, "-m", "bench.gpu_recipe", "--local", local,
-                           "--remote", remote, "--turns", str(turns)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "--remote", remote, "--turns", str(turns), "--transports",
+                           transports], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"the recipe in a group of torch alone failed (exit "
                            f"{done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"recipe cpu, torch alone": got["cpu"], "recipe cuda, torch alone": got["cuda"]}
+    got: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
+def rpcnb_recipe(local: str, remote: str, turns: int, **init: Any) -> dict[str, list[float]]:
+    """The recipe, pasted, in an rpcnb group started with ``init`` (and the map)."""
+    import rpcnb
+
+    rpcnb.init(1, device_map={"worker1": {local: remote}}, **init)
+    try:
+        measure = recipe_classes()
+        got: dict[str, list[float]] = {"cpu": [], "cuda": []}
+        for _ in range(turns):
+            for mode in got:
+                got[mode].append(measure(mode, local, remote))
+        return got
+    finally:
+        rpcnb.shutdown()
+
+
+# the recipe's groups: rpcnb as it starts (--transports uv), rpcnb with TensorPipe's shm
+# transport too, and torch alone with each of those: (key suffix, runner, its argument)
+RECIPE_GROUPS = [
+    ("", "rpcnb", {}),
+    (", rpcnb shm", "rpcnb", {"transports": ["shm", "uv"]}),
+    (", torch uv", "torch", "uv"),
+    (", torch", "torch", ""),
+]
+
+
+def recipes(local: str, remote: str, turns: int) -> dict[str, list[float]]:
+    """Every group of RECIPE_GROUPS in turn, one after the other: ``recipe cpu<suffix>``
+    and ``recipe cuda<suffix>`` samples (seconds)."""
+    out: dict[str, list[float]] = {}
+    for suffix, who, arg in RECIPE_GROUPS:
+        got = (rpcnb_recipe(local, remote, turns, **arg) if who == "rpcnb"  # type: ignore[arg-type]
+               else torch_alone_recipe(local, remote, turns, arg))  # type: ignore[arg-type]
+        out.update({f"recipe {mode}{suffix}": xs for mode, xs in got.items()})
+    return out
 
 
 def cupy_pushes(t: Any, reps: int) -> dict[str, list[float]]:
@@ -176,14 +220,9 @@ def run(size_mb: int, reps: int) -> dict[str, Any]:
             for way, fn in ways.items():  # in turns
                 samples[way].append(timed(fn))
         samples.update(cupy_pushes(t, reps))
-        measure = recipe_classes()
-        recipe: dict[str, list[float]] = {"recipe cpu": [], "recipe cuda": []}
-        for _ in range(RECIPE_TURNS):
-            recipe["recipe cpu"].append(measure("cpu", local, remote))
-            recipe["recipe cuda"].append(measure("cuda", local, remote))
     finally:
         rpcnb.shutdown()
-    recipe.update(torch_alone_recipe(local, remote, RECIPE_TURNS))
+    recipe = recipes(local, remote, RECIPE_TURNS)
     medians = {k: _median_ms(v) for k, v in {**samples, **recipe}.items()}
     verdicts = {}
     targets = {**TARGETS, **(CUPY_TARGET if "push cupy" in medians else {})}
@@ -197,6 +236,15 @@ def run(size_mb: int, reps: int) -> dict[str, Any]:
         "size_mb": size_mb, "samples_s": {**samples, **recipe}, "median_ms": medians,
         "targets": verdicts,
     }
+
+
+# (label, key suffix, the suffix of the torch group it is compared with)
+RECIPE_ROWS = [
+    ("rpcnb (--transports uv)", "", ", torch uv"),
+    ("rpcnb --transports shm,uv", ", rpcnb shm", ", torch"),
+    ("torch alone, _transports=['uv']", ", torch uv", None),
+    ("torch alone, its defaults (shm, uv)", ", torch", None),
+]
 
 
 def table(result: dict[str, Any]) -> str:
@@ -213,16 +261,12 @@ def table(result: dict[str, Any]) -> str:
            ("  CuPy array pickled", f"{m['push cupy pickled']:.2f} ms",
             f"pickled/cupy {m['push cupy pickled'] / m['push cupy']:.1f}x")]
           if "push cupy" in m else []),
-        ("recipe, 10 iterations", "", ""),
-        ("  comm_mode='cpu'", f"{m['recipe cpu']:.1f} ms", ""),
-        ("  comm_mode='cuda'", f"{m['recipe cuda']:.1f} ms",
-         f"speed-up {m['recipe cpu'] / m['recipe cuda']:.1f}x"),
-        ("recipe, 10 iterations, group of torch alone", "", ""),
-        ("  comm_mode='cpu'", f"{m['recipe cpu, torch alone']:.1f} ms",
-         f"rpcnb/torch {m['recipe cpu'] / m['recipe cpu, torch alone']:.2f}x"),
-        ("  comm_mode='cuda'", f"{m['recipe cuda, torch alone']:.1f} ms",
-         f"rpcnb/torch {m['recipe cuda'] / m['recipe cuda, torch alone']:.2f}x; speed-up "
-         f"{m['recipe cpu, torch alone'] / m['recipe cuda, torch alone']:.1f}x"),
+        ("recipe, 10 iterations (cpu / cuda mode)", "", ""),
+        *[(f"  {label}", f"{m['recipe cpu' + suffix]:.1f} / {m['recipe cuda' + suffix]:.1f} ms",
+           f"speed-up {m['recipe cpu' + suffix] / m['recipe cuda' + suffix]:.1f}x"
+           + (f"; cuda: rpcnb/torch {m['recipe cuda' + suffix] / m['recipe cuda' + base]:.2f}x"
+              if base is not None else ""))
+          for label, suffix, base in RECIPE_ROWS],
     ]
     from rpcnb.text import table as render
 

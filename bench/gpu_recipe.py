@@ -1,7 +1,7 @@
 """The PyTorch CUDA RPC recipe's ``measure`` in a group of torch alone, on a GPU machine:
 the baseline that ``bench/gpu.py`` sets beside the same recipe run in an rpcnb group.
 
-    python -m bench.gpu_recipe [--local cuda:0] [--remote cuda:0] [--turns 5]
+    python -m bench.gpu_recipe [--local cuda:0] [--remote cuda:0] [--turns 5] [--transports uv]
 
 (``--local cpu --remote cpu`` runs it without a GPU, without a device map: a rehearsal.)
 
@@ -65,8 +65,10 @@ def measure(cls: Any, comm_mode: str, local: str, remote: str) -> float:
     return time.time() - tik
 
 
-def _options(store: str, local: str, remote: str, rank: int) -> Any:
-    o = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{store}", num_worker_threads=128)
+def _options(store: str, local: str, remote: str, rank: int, transports: str) -> Any:
+    o = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"file://{store}", num_worker_threads=128,
+        **({"_transports": transports.split(",")} if transports else {}))
     if rank == 0 and torch.device(local).type == "cuda":
         o.set_device_map("worker1", {torch.device(local).index: torch.device(remote).index})
     return o
@@ -77,12 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local", default="cuda:0")
     ap.add_argument("--remote", default="cuda:0")
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--transports", default="",
+                    help="TensorPipe's transports, e.g. uv (default: torch's, shm and uv)")
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--store", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank == 1:  # the peer: serves worker0's calls until it shuts down
         rpc.init_rpc("worker1", rank=1, world_size=2,
-                     rpc_backend_options=_options(args.store, args.local, args.remote, 1))
+                     rpc_backend_options=_options(args.store, args.local, args.remote, 1,
+                                                       args.transports))
         rpc.shutdown()
         return 0
     tmp = tempfile.mkdtemp(prefix="bench-gpu-recipe-")
@@ -90,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     peer = subprocess.Popen([sys.executable, "-m", "bench.gpu_recipe", "--rank", "1",
-                             "--store", store, "--local", args.local, "--remote", args.remote],
+                             "--store", store, "--local", args.local, "--remote", args.remote,
+                             "--transports", args.transports],
                             cwd=ROOT, env=env, start_new_session=True)
     try:
         rpc.init_rpc("worker0", rank=0, world_size=2,
-                     rpc_backend_options=_options(store, args.local, args.remote, 0))
+                     rpc_backend_options=_options(store, args.local, args.remote, 0,
+                                                       args.transports))
         out: dict[str, list[float]] = {"cpu": [], "cuda": []}
         for _ in range(args.turns):
             for mode in out:
