@@ -83,6 +83,7 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
         rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
     else:
         _torch.init_rpc_with_store(name, rank, store, backend)
+    _torch.note_agent_started()
     s.teardown.push("torch's RPC agent",
                     lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
     if fenced:  # before anything else: strangers' bytes can end TensorPipe (fence's why)

@@ -143,6 +143,69 @@ def first_interface() -> str | None:
     return _first_interface
 
 
+# -- RRefs in a process's second group (torch 2.11, 2.13) ---------------------------------
+
+# torch's RRefContext is a process-wide singleton built on the process's *first* agent
+# (rref_context.cpp, RRefContext::getInstance) and never rebuilt. After rpc.shutdown() and a
+# new group in the same process (a kernel's %rpc_shutdown then %rpc_init, or a --join
+# after a leave), RRef.owner() and owner_name() ask that shut-down agent, which no longer
+# knows the owner's id ("could not find destination id 1") or knows it under its old
+# group's name; torch's RRef proxies (``rref.rpc_sync().forward(x)``, the CUDA RPC
+# recipe) go through owner(). From the second agent on, both are answered by the agent
+# running now, by the owner's id. The deletes torch sends for the RRefs a kernel drops
+# still go through the first agent and are lost: an owner keeps such values until its
+# group shuts down (docs/rrefs.md).
+_agents_started = 0
+
+
+def note_agent_started() -> None:
+    """An agent started in this process; from the second on, RRef owners are looked up in
+    the agent running now."""
+    global _agents_started
+    _agents_started += 1
+    if _agents_started == 2:
+        _answer_rref_owners_from_the_current_agent()
+
+
+def agents_started() -> int:
+    """How many agents this process has started (rpcnb's groups, torch's first included)."""
+    return _agents_started
+
+
+def _answer_rref_owners_from_the_current_agent() -> None:
+    import re
+
+    from torch._C._distributed_rpc import PyRRef
+
+    if getattr(PyRRef.owner, "rpcnb_current_agent", False):
+        return
+    first_agents_owner = PyRRef.owner
+    pattern = re.compile(r"could not find destination id (\d+)")
+
+    def owner(self: Any) -> Any:
+        try:
+            owner_id = first_agents_owner(self).id
+        except RuntimeError as exc:
+            found = pattern.search(str(exc))
+            if found is None:
+                raise
+            owner_id = int(found.group(1))
+        for info in agent().get_worker_infos():
+            if info.id == owner_id:
+                return info
+        raise RuntimeError(
+            f"this RRef's owner (member id {owner_id}) is not in the group running now: "
+            "an RRef lives as long as the group that made it; make it again in this group")
+
+    def owner_name(self: Any) -> str:
+        return str(owner(self).name)
+
+    owner.rpcnb_current_agent = True  # type: ignore[attr-defined]
+    owner.__doc__, owner_name.__doc__ = PyRRef.owner.__doc__, PyRRef.owner_name.__doc__
+    PyRRef.owner = owner  # type: ignore[method-assign]
+    PyRRef.owner_name = owner_name  # type: ignore[method-assign]
+
+
 def drop_locally(info: Any) -> None:
     """Tell this process's agent that ``info`` (a WorkerInfo) left the group."""
     agent()._update_group_membership(info, [], {}, False)

@@ -339,6 +339,40 @@ def test_shutdown_leaves_nothing_and_init_works_again(group):
     assert not pid_alive(new["worker1"])
 
 
+RREF_CELL = """
+import torch
+import torch.distributed.rpc as rpc
+import torch.nn as nn
+
+class Scale(nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x * self.k
+
+def use(worker):
+    rm = rpc.remote(worker, Scale, args=(3.0,))
+    return rm.owner_name(), rm.rpc_sync().forward(torch.ones(2)).tolist()
+"""
+
+
+def test_torch_rrefs_and_their_proxies_work_in_the_kernels_next_group(kernel):
+    # torch builds its RRef bookkeeping on a process's first agent and keeps it: in a
+    # kernel's second group, owner() asked that shut-down agent ("could not find
+    # destination id 1"), and so did RRef proxies (the CUDA recipe's rm.rpc_sync().forward)
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 1")
+    kernel.execute(RREF_CELL)
+    assert kernel.execute("use('worker1')").text == "('worker1', [3.0, 3.0])"
+    kernel.execute("%rpc_shutdown")
+    kernel.execute("%rpc_init --workers 2")  # worker2: an id the first agent never knew
+    for worker in ("worker1", "worker2"):
+        assert kernel.execute(f"use({worker!r})").text == f"({worker!r}, [3.0, 3.0])"
+    kernel.execute("%rpc_shutdown")
+
+
 def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(group, kernel_factory):
     join_line = next(
         ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
