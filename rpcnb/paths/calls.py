@@ -55,12 +55,18 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
     finally:
         now.peer, now.handed = old_peer, old_handed
     timing = telemetry.timing()
+    # across hosts, a plain call in flight when its member becomes unreachable fails then,
+    # not after torch's timeout (rpcnb's own requests have their own ways: pings, cells)
+    watch = s is not None and not s.one_host and getattr(func, "rpcnb_op_index", None) is None
     if sync:
         if timing or shared:
-            return _Timed(result, peer, func, args, kwargs, shared, timing)
-        telemetry.count(peer)
-        return result
+            result = _Timed(result, peer, func, args, kwargs, shared, timing)
+        else:
+            telemetry.count(peer)
+        return InFlight(s, peer, result) if watch else result
     is_rref = not hasattr(result, "add_done_callback")
+    if watch and not is_rref and not _cuda_route(peer):
+        result = InFlight(s, peer, result).future()
     if not (shared or timing):
         telemetry.count(peer)
         return result
@@ -76,6 +82,91 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
     else:
         telemetry.count(peer)
     return result
+
+
+class InFlight:
+    """A plain call to a member on another host, in flight: its wait (``rpc_sync``) or its
+    future (``rpc_async``: a future of ours, completed by the call's) ends with
+    WorkerUnreachableError as soon as the session marks the member unreachable
+    (``Session.mark_unreachable`` calls ``fail``), instead of after torch's timeout. The
+    call itself goes on; should an answer come later, it is dropped."""
+
+    __slots__ = ("_s", "_peer", "_inner", "_lock", "_done", "_error", "_out")
+
+    def __init__(self, s: Any, peer: str, inner: Any) -> None:
+        import threading
+
+        self._s, self._peer, self._inner = s, peer, inner
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._out: Any = None
+        s.watch_call(peer, self)
+        raw = inner._fut if isinstance(inner, _Timed) else inner
+        raw.add_done_callback(self._completed)
+        if peer in s.unreachable:  # marked between the send and the watch
+            self.fail(WorkerUnreachableError(s.unreachable_message(peer), peer))
+
+    def _completed(self, fut: Any) -> None:
+        self._s.unwatch_call(self._peer, self)
+        with self._lock:
+            if self._done.is_set():
+                return  # failed already: the late answer is dropped
+            self._done.set()
+            out = self._out
+        if out is not None:
+            try:
+                out.set_result(fut.wait())
+            except Exception as exc:
+                out.set_exception(exc)
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._error = error
+            self._done.set()
+            out = self._out
+        self._s.unwatch_call(self._peer, self)
+        if out is not None:
+            out.set_exception(error)
+
+    def wait(self) -> Any:
+        """``rpc_sync``'s wait: the call's value, or the error that ended it first."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._inner.wait()
+
+    def future(self) -> Any:
+        """For ``rpc_async``: a future completed by the call, or failed by ``fail``."""
+        import torch
+
+        out: Any = torch.futures.Future()
+        with self._lock:
+            self._out = out
+            done, error = self._done.is_set(), self._error
+        if done:  # completed or failed before the future was asked for
+            if error is not None:
+                out.set_exception(error)
+            else:
+                try:
+                    out.set_result(self._inner.wait())
+                except Exception as exc:
+                    out.set_exception(exc)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _cuda_route(peer: str) -> bool:
+    """Whether this process maps devices onto ``peer``: its futures carry CUDA streams,
+    which a future of ours would not."""
+    from rpcnb.wire import _torch
+
+    maps, _devices = _torch.cuda_routes()
+    return bool(maps.get(peer))
 
 
 def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

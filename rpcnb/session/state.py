@@ -158,6 +158,8 @@ class Session:
         # name -> since when (wall clock) its host has sent nothing (failures.watch says)
         self.unreachable: dict[str, float] = {}
         self.calls: dict[str, Any] = {}  # call id -> a remote cell this process waits for
+        # member -> plain torch calls to it in flight (paths.calls.InFlight; across hosts)
+        self.in_flight: dict[str, set[Any]] = {}
         self.background: dict[int, Any] = {}  # id -> a background cell this process sent
         self.jobs_started = 0  # background cells sent so far (their ids count up)
         self.facts: dict[str, dict[str, Any]] = {}  # name -> channel facts it reported
@@ -205,12 +207,29 @@ class Session:
 
     def mark_unreachable(self, name: str, since: float) -> None:
         """``name``'s host has sent nothing since ``since`` (``time.time()``): wake every
-        call waiting on it; it stays a member."""
+        call waiting on it, and fail the plain torch calls in flight to it; it stays a
+        member."""
         with self.lock:
             self.unreachable[name] = since
             waiting = [c for c in self.calls.values() if c.worker == name]
+            plain = list(self.in_flight.get(name, ()))
         for call in waiting:
             call.inbox.put(("__dead__", name, -1, []))
+        if plain:
+            message = self.unreachable_message(name)
+            for p in plain:
+                p.fail(errors.WorkerUnreachableError(message, name))
+
+    def watch_call(self, name: str, call: Any) -> None:
+        """A plain call to ``name`` is in flight (``call.fail(exc)`` ends it early)."""
+        with self.lock:
+            self.in_flight.setdefault(name, set()).add(call)
+
+    def unwatch_call(self, name: str, call: Any) -> None:
+        with self.lock:
+            calls = self.in_flight.get(name)
+            if calls is not None:
+                calls.discard(call)
 
     def reachable(self, name: str) -> bool:
         """``name`` answers again (or never stopped): whether it had been unreachable."""

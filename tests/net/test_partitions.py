@@ -18,6 +18,31 @@ from hosts import FAR, far_group, rows, stop, timed
 
 from rpcnb.procs.processes import pid_alive
 
+IN_FLIGHT = """
+import threading, time
+import torch.distributed.rpc as rpc
+in_flight = {}
+
+def _sync():
+    try:
+        rpc.rpc_sync("worker2", time.sleep, args=(25,))
+        in_flight["rpc_sync"] = ("no error", time.time())
+    except Exception as exc:
+        in_flight["rpc_sync"] = (repr(exc), time.time())
+
+def _async_done(f):
+    try:
+        f.wait()
+        in_flight["rpc_async"] = ("no error", time.time())
+    except Exception as exc:
+        in_flight["rpc_async"] = (repr(exc), time.time())
+
+th = threading.Thread(target=_sync, daemon=True)
+th.start()
+fut = rpc.rpc_async("worker2", time.sleep, args=(25,))
+fut.add_done_callback(_async_done)
+"""
+
 
 def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
     ns, there = netns["ns"], netns["there"]
@@ -27,10 +52,13 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         # 30 s: it runs on through the partition there, and the later cell waits for it
         kernel.execute("%%remote worker2 --bg -o job\nimport time\n"
                        "for _ in range(300):\n    time.sleep(0.1)\n'finished'")
+        # plain torch calls in flight when the link goes down: one rpc_sync (on a thread),
+        # one rpc_async; each sleeps 25 s there
+        kernel.execute(IN_FLIGHT)
         time.sleep(1)
         # the cable is pulled at the other host: this host keeps its interface and address
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", there, "down"], check=True)
-        cut = time.monotonic()
+        cut, cut_wall = time.monotonic(), time.time()
 
         # a call to the unreachable member fails in time, naming it, saying since when
         out, took = timed(kernel, "%%remote worker2 --fetch\nkept")
@@ -62,6 +90,15 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
             assert "unreachable since" in table[name] and "no:" not in table[name], table[name]
         assert " yes " in table["worker1"], table["worker1"]
         print(f"%rpc_workers took {took:.1f} s during the partition")
+
+        # the plain calls in flight ended with that error, within 10 s, not torch's 60 s
+        kernel.execute("th.join(20)")
+        got = kernel.value("in_flight")
+        for way in ("rpc_sync", "rpc_async"):
+            said, at = got[way]
+            assert "WorkerUnreachableError" in said and "worker2" in said, (way, said)
+            assert at - cut_wall < 10, (way, at - cut_wall)
+            print(f"{way} in flight failed {at - cut_wall:.1f} s after the link went down")
 
         # the background cell running there ended with that error
         assert kernel.value("job.ready()")
