@@ -75,7 +75,7 @@ class CellRunner:
         self.cells_run = 0
         self.on_main = False  # a worker process's runner owns the main thread
         self.kind_name: str | None = None  # what %rpc_workers calls it, when not the default
-        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._current: Job | None = None
         self._thread_id: int | None = None

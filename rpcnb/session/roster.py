@@ -129,6 +129,10 @@ def refresh(s: Session) -> None:
 def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], bool]:
     """Worker names for ``target`` ('w1', 'w1,w2', a list, or ALL); and whether the
     result is a dict (several targets named)."""
+    if type(target) is str and "," not in target and target != ALL:
+        m = s.members.get(target)  # one admitted member, alive: every cell to one worker
+        if m is not None and m.alive and target not in s.dead and target not in s.unreachable:
+            return [target], False
     live = live_names(s)
     if target is None or target == ALL:
         names = [n for n in live if n != s.name]
