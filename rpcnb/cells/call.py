@@ -101,6 +101,7 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
             that cannot be pickled.
     """
     s = state.current()
+    s.show_notices()
     names, many = prepare(s, target, source, timeout)
     busy = [f"{w} ({', '.join(f'[{i}]' for i in ids)})"
             for w, ids in background_on(s, names).items()]

@@ -31,6 +31,8 @@ from rpcnb.wire import _torch
 POLL = 0.2  # seconds between looks
 PING_EVERY = 1.0  # seconds between the pings of a member that joined by itself
 PING_TIMEOUT = 30.0  # a ping unanswered this long is given up (it never means death)
+ANSWERS_AGAIN = ("rpcnb: {name} answers again, with its namespace: it was unreachable since "
+                 "{since} ({seconds:.0f} s). A cell it was running then may have gone on there.")
 UNREACHABLE_S = 4.0  # a member whose host sent nothing this long is unreachable
 JOINED = ("kernel", "engine", "headless")  # members that joined by themselves
 LEADER_DIED = (
@@ -129,8 +131,11 @@ class Reach:
                 pass
         silent = now - self.answered
         if silent < UNREACHABLE_S:
+            since = s.unreachable.get(self.name)
             if s.reachable(self.name):
-                print(f"rpcnb: {self.name} answers again.", file=sys.__stderr__)
+                s.notice(ANSWERS_AGAIN.format(
+                    name=self.name, since=time.strftime("%H:%M:%S", time.localtime(since or 0)),
+                    seconds=max(0.0, time.time() - (since or time.time()))))
                 _publish(s)
             return None
         heard = machine.heard_from(self.address) if self.address else None

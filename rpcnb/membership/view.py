@@ -59,6 +59,7 @@ def group(refresh: bool = True) -> Group:
         rpcnb.RpcnbError: this process is in no group.
     """
     s = state.current()
+    s.show_notices()
     admitted = set(roster.live_names(s)) | {s.name}
     infos = {w.name: w.id for w in _torch.agent().get_worker_infos() if w.name in admitted}
     futs = {}

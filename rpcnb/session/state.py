@@ -10,6 +10,7 @@ member is let in.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -165,6 +166,9 @@ class Session:
         self.facts: dict[str, dict[str, Any]] = {}  # name -> channel facts it reported
         self.parked: dict[str, Any] = {}  # values waiting to be wrapped in an RRef
         self.closing = False
+        # what happened meanwhile that the notebook should hear of (a member answers again):
+        # shown before the next remote cell or %rpc_workers (show_notices)
+        self.notices: list[str] = []
         self.shm_warned = False  # the group's one warning about a full /dev/shm was given
         self.watcher: threading.Thread | None = None
         # the ipyparallel cluster whose engines are members (rpcnb.integrations.ipyparallel): client,
@@ -230,6 +234,22 @@ class Session:
             calls = self.in_flight.get(name)
             if calls is not None:
                 calls.discard(call)
+
+    def notice(self, line: str) -> None:
+        """Say ``line`` in the terminal now, and in the notebook before its next remote cell
+        or ``%rpc_workers`` (a watcher thread's output would land in whichever cell ran last)."""
+        print(line, file=sys.__stderr__, flush=True)
+        with self.lock:
+            self.notices = [*self.notices[-19:], line]
+
+    def show_notices(self) -> None:
+        """Print what happened meanwhile (``notice``), once, to this thread's stderr."""
+        if not self.notices:  # every cell passes here: nothing to do, no lock
+            return
+        with self.lock:
+            said, self.notices = self.notices, []
+        for line in said:
+            print(line, file=sys.stderr)
 
     def reachable(self, name: str) -> bool:
         """``name`` answers again (or never stopped): whether it had been unreachable."""

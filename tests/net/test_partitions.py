@@ -115,14 +115,21 @@ def test_partition_is_not_a_death_and_heals(kernel, netns, tmp_path):
         # the link is back: the members answer again, on their own, with their namespace
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"], check=True)
         back = time.monotonic()
-        healed = None
+        healed, said = None, ""
         while time.monotonic() - back < 30:
-            table, _ = rows(kernel)
+            out = kernel.execute("%rpc_workers", timeout=60)
+            said += out.stderr
+            table = {ln.split()[0]: ln for ln in out.text.splitlines() if ln.startswith("worker")}
             if all(" yes " in table[n] for n in FAR):
                 healed = time.monotonic() - back
                 break
             time.sleep(0.5)
         assert healed is not None, table
+        # the notebook hears of it (not only the terminal), once
+        out = kernel.execute("%rpc_workers", timeout=60)
+        said += out.stderr
+        for name in FAR:
+            assert said.count(f"rpcnb: {name} answers again, with its namespace") == 1, said
         print(f"partition of {partition:.0f} s; back {healed:.1f} s after the link came up")
         out, took = timed(kernel, "%%remote worker2 --fetch\nkept + 1")
         assert out.text == "42", out
