@@ -50,18 +50,17 @@ const SUBSHELL_WAIT_MS = 5000;
  * shell); the reply's content, or null when none came within ``waitMs``. */
 async function control(
   kernel: Kernel.IKernelConnection,
-  msgType: 'create_subshell_request' | 'delete_subshell_request',
-  content: { subshell_id?: string },
+  msgType: 'create_subshell_request',
+  content: Record<string, never>,
   waitMs: number
 ): Promise<{ status?: string; subshell_id?: string } | null> {
-  // one shape for both requests (their fields differ only in content)
   const msg =
     KernelMessage.createMessage<KernelMessage.ICreateSubshellRequestMsg>({
-      msgType: msgType as 'create_subshell_request',
+      msgType,
       channel: 'control',
       username: kernel.username,
       session: kernel.clientId,
-      content: content as KernelMessage.ICreateSubshellRequestMsg['content']
+      content
     });
   const reply = await Promise.race([
     kernel.sendControlMessage(msg, true, true).done,
@@ -96,26 +95,6 @@ async function askSubshell(
   }
 }
 
-/** Give a subshell back (nothing for null, or a kernel that is gone). */
-async function dropSubshell(
-  kernel: Kernel.IKernelConnection,
-  subshell: string | null
-): Promise<void> {
-  if (!subshell || kernel.isDisposed) {
-    return;
-  }
-  try {
-    await control(
-      kernel,
-      'delete_subshell_request',
-      { subshell_id: subshell },
-      SUBSHELL_WAIT_MS
-    );
-  } catch (err) {
-    // the kernel restarted or went away: its subshells went with it
-  }
-}
-
 /**
  * The comm to the active notebook's kernel, re-opened when the notebook, its kernel or
  * the kernel's rpcnb changes (a restart, `%load_ext rpcnb` run later: the kernel says
@@ -130,7 +109,15 @@ export class Link {
   private detail: Detail = 'summary';
   private nextId = 1;
   private pending = new Map<number, (reply: IReply) => void>();
-  private subshells = new Map<Kernel.IComm, string | null>();
+  // The panel's subshell on each kernel: asked for once and kept for every comm the panel
+  // opens there, never given back (it goes with the kernel, and a restart forgets it).
+  // Giving each comm's subshell back when the comm closed raced with the comm's own
+  // messages: the kernel dropped those that came after ("Unknown subshell_id"), and the
+  // panel went deaf (the busy-panel browser test, about one run in three).
+  private subshellOf = new WeakMap<
+    Kernel.IKernelConnection,
+    Promise<string | null>
+  >();
   // set by a kernel restart: connect again once the new kernel is idle (only then: a
   // kernel without rpcnb answers each open with a close, and every open makes it busy
   // and idle again, so opening on every idle would never stop)
@@ -195,6 +182,9 @@ export class Link {
     const status = this.notebook?.sessionContext.kernelDisplayStatus;
     if (status === 'restarting' || status === 'autorestarting') {
       this.restarts += 1;
+      if (this.kernel) {
+        this.subshellOf.delete(this.kernel); // it went with the old kernel
+      }
       this.closeComm(false);
       this.reopen = true;
       this.set({ state: 'connecting' });
@@ -271,14 +261,13 @@ export class Link {
     // can lose: so the comm is made without, and given a subshell asked for here on the
     // control channel (answered while the main shell is busy). A kernel without
     // subshells: the main shell, after the running cell.
-    const subshell = await askSubshell(kernel);
+    const subshell = await this.subshellFor(kernel);
     if (restarts !== this.restarts) {
       // the kernel restarted meanwhile: the subshell went with the old one, and the new
       // kernel would drop (and log) a comm opened on it; onStatus opens again when idle
       return;
     }
     if (kernel !== this.kernel || kernel.isDisposed) {
-      void dropSubshell(kernel, subshell);
       return;
     }
     let comm: Kernel.IComm;
@@ -290,7 +279,6 @@ export class Link {
       }
       comm = kernel.createComm(TARGET);
     } catch (err) {
-      void dropSubshell(kernel, subshell);
       this.set({ state: 'not-loaded' });
       return;
     } finally {
@@ -303,14 +291,12 @@ export class Link {
       (comm as unknown as { _subshellId: string | null })._subshellId =
         subshell;
     }
-    this.subshells.set(comm, subshell);
     const previous = this.comm;
     this.comm = comm;
     comm.onMsg = (msg: KernelMessage.ICommMsgMsg) =>
       this.receive(msg.content.data as unknown as Incoming);
     comm.onClose = () => {
       // the kernel has no such target (rpcnb not loaded) or went away
-      this.forget(kernel, comm);
       if (this.comm === comm) {
         this.comm = null;
         this.set(
@@ -326,33 +312,29 @@ export class Link {
 
   private closeOne(comm: Kernel.IComm): void {
     comm.onClose = () => undefined;
-    let handled: Promise<unknown> = Promise.resolve();
     try {
-      // comm_close goes on the comm's subshell and delete_subshell_request on control,
-      // which the kernel reads first: dropped at once, the subshell is gone before the
-      // close reaches it ("Unknown subshell_id" in the kernel's log, the comm left open)
-      handled = comm.close()?.done ?? handled;
+      comm.close();
     } catch (err) {
       // the kernel is gone already
     }
-    if (this.kernel) {
-      this.forget(this.kernel, comm, handled);
-    }
   }
 
-  /** The comm is closed: its subshell goes too, once ``handled`` (the kernel's idle
-   * after the comm_close) settles, or after SUBSHELL_WAIT_MS. */
-  private forget(
-    kernel: Kernel.IKernelConnection,
-    comm: Kernel.IComm,
-    handled: Promise<unknown> = Promise.resolve()
-  ): void {
-    const subshell = this.subshells.get(comm);
-    this.subshells.delete(comm);
-    void Promise.race([
-      handled.catch(() => undefined),
-      new Promise(resolve => setTimeout(resolve, SUBSHELL_WAIT_MS))
-    ]).then(() => dropSubshell(kernel, subshell ?? null));
+  /** The panel's subshell on ``kernel`` (null: none, the main shell); a kernel that did
+   * not give one is asked again next time. */
+  private subshellFor(
+    kernel: Kernel.IKernelConnection
+  ): Promise<string | null> {
+    let subshell = this.subshellOf.get(kernel);
+    if (!subshell) {
+      subshell = askSubshell(kernel);
+      this.subshellOf.set(kernel, subshell);
+      void subshell.then(id => {
+        if (id === null && this.subshellOf.get(kernel) === subshell) {
+          this.subshellOf.delete(kernel);
+        }
+      });
+    }
+    return subshell;
   }
 
   /** Close the comm; ``tellKernel`` false when the kernel restarts: the new kernel
@@ -365,7 +347,6 @@ export class Link {
         this.closeOne(comm);
       } else {
         comm.onClose = () => undefined;
-        this.subshells.delete(comm);
         comm.dispose();
       }
     }
