@@ -89,15 +89,14 @@ def torch_alone_recipe(local: str, remote: str, turns: int,
     """The same recipe in a group of two formed by torch's own ``init_rpc`` (the recipe's
     options and map; ``transports`` "" for torch's own, shm and uv), run while no rpcnb
     group is up: seconds per ``measure``, keyed "cpu" and "cuda"."""
-    import os
     import subprocess
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    from bench.gpu_recipe import env_with_root
+
     done = subprocess.run([sys.executable, "-m", "bench.gpu_recipe", "--local", local,
                            "--remote", remote, "--turns", str(turns), "--transports",
-                           transports], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+                           transports], cwd=ROOT, env=env_with_root(), capture_output=True,
+                          text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"the recipe in a group of torch alone failed (exit "
                            f"{done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}")

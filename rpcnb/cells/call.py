@@ -353,8 +353,8 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
     """Send the cell to each of ``names``; their output goes to the returned ``Sent``
     (``zero_copy=False``: shared tensors in ``push`` and the fetched value are copied)."""
     _settle_collectives(s)
-    # SimpleQueue: its put and its wake-up cost a third of Queue's (Queue builds a
-    # Condition per wait), 0.1-0.15x of a no-op cell's round trip (docs/benchmarks.md)
+    # SimpleQueue: Queue builds a Condition and a lock per wait; swapping it saved 0.1-0.15x
+    # of a no-op cell's round trip in paired runs (docs/benchmarks.md)
     sent = Sent({}, queue.SimpleQueue(), telemetry.now(), time.perf_counter(),
                 transfers=progress.Transfers(progress.large_transfer(s.one_host)))
     pushed = progress.payload_bytes(list((push or {}).values()))
