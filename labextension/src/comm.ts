@@ -46,30 +46,9 @@ export type Outgoing =
 /** How long the kernel has to answer a subshell request before the main shell is used. */
 const SUBSHELL_WAIT_MS = 5000;
 
-/** Ask ``kernel`` over its control channel (answered while a cell runs on the main
- * shell); the reply's content, or null when none came within ``waitMs``. */
-async function control(
-  kernel: Kernel.IKernelConnection,
-  msgType: 'create_subshell_request',
-  content: Record<string, never>,
-  waitMs: number
-): Promise<{ status?: string; subshell_id?: string } | null> {
-  const msg =
-    KernelMessage.createMessage<KernelMessage.ICreateSubshellRequestMsg>({
-      msgType,
-      channel: 'control',
-      username: kernel.username,
-      session: kernel.clientId,
-      content
-    });
-  const reply = await Promise.race([
-    kernel.sendControlMessage(msg, true, true).done,
-    new Promise<null>(resolve => setTimeout(() => resolve(null), waitMs))
-  ]);
-  return (reply?.content as { status?: string; subshell_id?: string }) ?? null;
-}
-
-/** A new subshell of ``kernel`` (its id), or null where it has none. */
+/** A new subshell of ``kernel`` (its id), or null where it has none. Asked on the
+ * control channel, which a kernel answers while a cell runs on the main shell; null too
+ * when no answer came within SUBSHELL_WAIT_MS. */
 async function askSubshell(
   kernel: Kernel.IKernelConnection
 ): Promise<string | null> {
@@ -80,15 +59,25 @@ async function askSubshell(
   if (known && !kernel.supportsSubshells) {
     return null;
   }
+  const msg =
+    KernelMessage.createMessage<KernelMessage.ICreateSubshellRequestMsg>({
+      msgType: 'create_subshell_request',
+      channel: 'control',
+      username: kernel.username,
+      session: kernel.clientId,
+      content: {}
+    });
   try {
-    const reply = await control(
-      kernel,
-      'create_subshell_request',
-      {},
-      SUBSHELL_WAIT_MS
-    );
-    return reply?.status === 'ok' && reply.subshell_id
-      ? reply.subshell_id
+    const reply = await Promise.race([
+      kernel.sendControlMessage(msg, true, true).done,
+      new Promise<null>(resolve =>
+        setTimeout(() => resolve(null), SUBSHELL_WAIT_MS)
+      )
+    ]);
+    const content = reply?.content as
+      { status?: string; subshell_id?: string } | undefined;
+    return content?.status === 'ok' && content.subshell_id
+      ? content.subshell_id
       : null;
   } catch (err) {
     return null; // a kernel without subshells: the main shell
