@@ -87,7 +87,7 @@ def watch(s: Session) -> None:
             if name in s.dead:
                 continue
             reach.pop(name, None)
-            if s.reachable(name):
+            if s.reachable(name) is not None:
                 _publish(s)
             declare(s, name, how)
 
@@ -131,11 +131,11 @@ class Reach:
                 pass
         silent = now - self.answered
         if silent < UNREACHABLE_S:
-            since = s.unreachable.get(self.name)
-            if s.reachable(self.name):
+            since = s.reachable(self.name)
+            if since is not None:
                 s.notice(ANSWERS_AGAIN.format(
-                    name=self.name, since=time.strftime("%H:%M:%S", time.localtime(since or 0)),
-                    seconds=max(0.0, time.time() - (since or time.time()))))
+                    name=self.name, since=time.strftime("%H:%M:%S", time.localtime(since)),
+                    seconds=max(0.0, time.time() - since)))
                 _publish(s)
             return None
         heard = machine.heard_from(self.address) if self.address else None

@@ -251,10 +251,11 @@ class Session:
         for line in said:
             print(line, file=sys.stderr)
 
-    def reachable(self, name: str) -> bool:
-        """``name`` answers again (or never stopped): whether it had been unreachable."""
+    def reachable(self, name: str) -> float | None:
+        """``name`` answers again (or never stopped): since when it had been unreachable
+        (``time.time()``), None if it was not."""
         with self.lock:
-            return self.unreachable.pop(name, None) is not None
+            return self.unreachable.pop(name, None)
 
     def unreachable_message(self, name: str) -> str:
         """What a call to the unreachable member ``name`` says."""
