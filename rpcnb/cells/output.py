@@ -66,6 +66,10 @@ class Capture:
         self.caller = caller
         self.worker = worker
         self._lock = threading.Lock()
+        # held from taking a batch until its delivery is registered: a close() on the
+        # cell's thread waits for a flush the flusher thread is in the middle of (else it
+        # could see neither the batch nor its delivery, and the result overtook the output)
+        self._sending = threading.Lock()
         self._items: list[tuple[Any, ...]] = []
         self._seq = 0
         self._futures: list[tuple[Any, int]] = []  # (delivery, its bytes)
@@ -105,23 +109,25 @@ class Capture:
                                 self.worker, -1, [(kind, payload)], timeout=None)
 
     def flush(self) -> None:
-        with self._lock:
-            if not self._items:
-                return
-            items, self._items = self._items, []
-            seq = self._seq
-            self._seq += 1
-        # the group's RPC timeout, and the time its bytes take at the floor rate on top
-        # (a large display over a slow link: rpcnb.wire.limits)
-        nbytes = progress.payload_bytes(items, depth=4)
-        try:
-            fut = protocol.call_async(self.token, self.caller, "deliver", self.call_id,
-                                      self.worker, seq, items, timeout=None, nbytes=nbytes)
-        except Exception:
-            return  # the caller is gone; nobody is left to show this output
-        with self._lock:
-            self._futures.append((fut, nbytes))
-            self.large = self.large or large(items)
+        with self._sending:
+            with self._lock:
+                if not self._items:
+                    return
+                items, self._items = self._items, []
+                seq = self._seq
+                self._seq += 1
+            # the group's RPC timeout, and the time its bytes take at the floor rate on
+            # top (a large display over a slow link: rpcnb.wire.limits)
+            nbytes = progress.payload_bytes(items, depth=4)
+            try:
+                fut = protocol.call_async(self.token, self.caller, "deliver", self.call_id,
+                                          self.worker, seq, items, timeout=None,
+                                          nbytes=nbytes)
+            except Exception:
+                return  # the caller is gone; nobody is left to show this output
+            with self._lock:
+                self._futures.append((fut, nbytes))
+                self.large = self.large or large(items)
 
     def close(self, timeout: float = 10.0) -> int:
         """Send what is left, wait until the caller has it (``timeout`` seconds, and the
