@@ -6,6 +6,7 @@ one row per worker for ``%rpc_init``. Nothing here talks to other members.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 import threading
@@ -135,25 +136,29 @@ def bar(done: float, total: float, width: int = 24) -> str:
     return "[" + "#" * fill + "-" * (width - fill) + "]"
 
 
-def payload_bytes(value: Any, depth: int = 2) -> int:
+def payload_bytes(value: Any, depth: int = 2, free: Any = None) -> int:
     """Bytes of the tensors, arrays, bytes and strings in ``value`` (looking into lists,
-    tuples and dicts ``depth`` levels down): what a transfer of it moves, roughly."""
+    tuples and dicts ``depth`` levels down): what a transfer of it moves, roughly.
+    ``free(tensor)``: true for a torch tensor that moves without its bytes (by handle),
+    which then counts nothing."""
     if isinstance(value, (str, bytes, bytearray)):
         return len(value)
-    nbytes = getattr(value, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
     if type(value).__module__.startswith("torch") and hasattr(value, "element_size"):
         try:
+            if free is not None and free(value):
+                return 0
             return int(value.element_size() * value.nelement())
         except Exception:
             return 0
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
     if depth <= 0:
         return 0
     if isinstance(value, dict):
-        return sum(payload_bytes(v, depth - 1) for v in value.values())
+        return sum(payload_bytes(v, depth - 1, free) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return sum(payload_bytes(v, depth - 1) for v in value)
+        return sum(payload_bytes(v, depth - 1, free) for v in value)
     return 0
 
 
@@ -188,7 +193,10 @@ class Ticker:
     one shared-memory copy): a moving bar with the seconds so far, then its rate. It shows
     only once the transfer has taken ``RPCNB_PROGRESS_DELAY`` seconds (0.5; as tqdm's
     ``delay``): 100 MB on one host takes milliseconds, and a bar for it would cost more
-    than the transfer."""
+    than the transfer. Its bar is drawn and moved by one thread shared by every ticker of
+    the process (``_Clock``): a ticker that ends before its bar shows starts no thread,
+    and its end waits for none (a thread per ticker cost two thread wake-ups, about
+    0.3 ms, on each large ``--push``/``--fetch``)."""
 
     def __init__(self, what: str, nbytes: int) -> None:
         self.what = what
@@ -196,20 +204,21 @@ class Ticker:
         self.t0 = time.monotonic()
         self.line: Line | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._delay = float(os.environ.get(DELAY_ENV, "0.5") or 0)
-        self._thread: threading.Thread | None = None
-        if self._delay <= 0:
+        self._stopped = False
+        # the clock's thread shows the bar in the context of the code that started the
+        # transfer: the cell a notebook shows it in (ipykernel keeps it in a contextvar)
+        self.context = contextvars.copy_context()
+        delay = float(os.environ.get(DELAY_ENV, "0.5") or 0)
+        if delay <= 0:
             self._show()
-        if self._delay > 0 or (self.line is not None and self.line._handle is not None):
-            # a terminal shows the first and the final line only
-            self._thread = threading.Thread(target=self._tick, name="rpcnb-progress",
-                                            daemon=True)
-            self._thread.start()
+            if self.line is not None and self.line._handle is not None:
+                _clock.add(self, self.t0 + TICK)  # a terminal shows the first and last line
+        else:
+            _clock.add(self, self.t0 + delay)
 
     def _show(self) -> None:
         with self._lock:
-            if self.line is None and not self._stop.is_set():
+            if self.line is None and not self._stopped:
                 self.line = Line(self._body())
 
     def _body(self) -> str:
@@ -218,26 +227,89 @@ class Ticker:
         moving = "-" * pos + "###" + "-" * (24 - pos)
         return f"{self.what} {text.size(self.nbytes)} [{moving[:24]}] {t:.1f} s"
 
-    def _tick(self) -> None:
-        if self._delay > 0:
-            if self._stop.wait(self._delay):
-                return
-            self._show()
-        while self.line is not None and self.line._handle is not None \
-                and not self._stop.wait(0.25):
-            self.line.update(self._body())
+    def tick(self) -> bool:
+        """Due now (on the clock's thread): show the bar, or move it; whether to come
+        back in ``TICK`` seconds (a bar in a notebook moves; a terminal's does not)."""
+        self._show()
+        with self._lock:
+            line = self.line
+            if self._stopped or line is None or line._handle is None:
+                return False
+            line.update(self._body())
+            return True
 
     def done(self, ok: bool = True) -> None:
-        with self._lock:
-            self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1)
-        if self.line is None:  # over before its bar showed
+        with self._lock:  # after a tick() in progress: none comes after this
+            self._stopped = True
+            line = self.line
+        _clock.remove(self)
+        if line is None:  # over before its bar showed
             return
         t = max(time.monotonic() - self.t0, 1e-9)
         end = (f"{self.what} {text.size(self.nbytes)} {bar(1, 1)} {t:.1f} s, "
                f"{text.size(self.nbytes / t)}/s" if ok else f"{self.what} {text.size(self.nbytes)}: stopped")
-        self.line.close(end)
+        line.close(end)
+
+
+TICK = 0.25  # seconds between two moves of a ticker's bar in a notebook
+
+
+class _Clock:
+    """One daemon thread that shows and moves the bars of every ticker of the process
+    when each is due; made at the first ticker, it sleeps while none is waiting."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._due: dict[Ticker, float] = {}
+        self._waking: float | None = None  # when the thread wakes next (None: never)
+        self._thread: threading.Thread | None = None
+
+    def add(self, ticker: Ticker, when: float) -> None:
+        with self._cond:
+            self._due[ticker] = when
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rpcnb-progress",
+                                                daemon=True)
+                self._thread.start()
+            elif self._waking is None or when < self._waking:
+                self._cond.notify()  # else it wakes before this one is due anyway
+
+    def remove(self, ticker: Ticker) -> None:
+        with self._cond:  # no wake-up: the thread finds nothing due and sleeps again
+            self._due.pop(ticker, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [t for t, when in self._due.items() if when <= now]
+                for t in due:
+                    del self._due[t]
+                if not due:
+                    self._waking = min(self._due.values(), default=None)
+                    self._cond.wait(None if self._waking is None else self._waking - now)
+                    continue
+            for t in due:
+                again = False
+                try:
+                    again = t.context.run(t.tick)
+                except Exception:  # a display that failed: that bar stops, the others go on
+                    pass
+                if again:
+                    with self._cond:
+                        if not t._stopped:
+                            self._due[t] = time.monotonic() + TICK
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not there."""
+        self._cond = threading.Condition(threading.Lock())
+        self._due = {}
+        self._waking = None
+        self._thread = None
+
+
+_clock = _Clock()
+os.register_at_fork(after_in_child=_clock.forget)
 
 
 class Board:

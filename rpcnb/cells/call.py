@@ -357,7 +357,8 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
     # of a no-op cell's round trip in paired runs (docs/benchmarks.md)
     sent = Sent({}, queue.SimpleQueue(), telemetry.now(), time.perf_counter(),
                 transfers=progress.Transfers(progress.large_transfer(s.one_host)))
-    pushed = progress.payload_bytes(list((push or {}).values()))
+    pushed = progress.payload_bytes(list((push or {}).values()),
+                                    free=zerocopy.by_handle if zero_copy else None)
     try:
         for name in names:
             sent.transfers.start(name, f"--push to {name}:", pushed)

@@ -130,6 +130,17 @@ def can_share(tensor: Any) -> bool:
             and tensor.untyped_storage().is_shared() and is_on())
 
 
+def by_handle(tensor: Any) -> bool:
+    """Whether ``export`` would hand ``tensor`` over by handle (shared memory, or a peer's
+    pool buffer), so that its bytes take no time to arrive: a transfer of it needs no
+    progress bar, nor the message that starts one."""
+    if not getattr(tensor, "is_cpu", False) or tensor.requires_grad \
+            or tensor.layout != _strided() or tensor.is_quantized:
+        return False
+    return (tensor.untyped_storage().is_shared() or shm.origin_of(tensor) is not None) \
+        and is_on()
+
+
 _STRIDED: Any = None
 
 

@@ -179,7 +179,9 @@ def test_init_shows_each_worker_starting(kernel):
 
 def test_large_push_and_fetch_show_progress(group):
     group.execute("import torch\nbig = torch.ones(30_000_000)")  # 120 MB
-    # on one host it takes milliseconds: no bar (it shows after RPCNB_PROGRESS_DELAY s)
+    # on one host it takes milliseconds: no bar (it shows after RPCNB_PROGRESS_DELAY s);
+    # the first push makes the shared-memory buffers on both sides (and frees its own)
+    group.execute("%%remote worker1 --push big\ndel big")
     quick = group.execute("%%remote worker1 --push big\nfloat(big.sum())")
     assert "--push to worker1" not in shown(quick), shown(quick)
     group.execute("import os\nos.environ['RPCNB_PROGRESS_DELAY'] = '0'")  # at once
