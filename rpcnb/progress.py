@@ -195,8 +195,8 @@ class Ticker:
     ``delay``): 100 MB on one host takes milliseconds, and a bar for it would cost more
     than the transfer. Its bar is drawn and moved by one thread shared by every ticker of
     the process (``_Clock``): a ticker that ends before its bar shows starts no thread,
-    and its end waits for none (a thread per ticker cost two thread wake-ups, about
-    0.3 ms, on each large ``--push``/``--fetch``)."""
+    and its end waits for none (a thread started and joined per ticker was part of the
+    1 ms or so a 100 MB push and fetch lost in alternating runs: docs/benchmarks.md)."""
 
     def __init__(self, what: str, nbytes: int) -> None:
         self.what = what
