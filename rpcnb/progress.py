@@ -230,13 +230,14 @@ class Ticker:
     def tick(self) -> bool:
         """Due now (on the clock's thread): show the bar, or move it; whether to come
         back in ``TICK`` seconds (a bar in a notebook moves; a terminal's does not)."""
-        self._show()
         with self._lock:
-            line = self.line
-            if self._stopped or line is None or line._handle is None:
+            if self._stopped:
                 return False
-            line.update(self._body())
-            return True
+            if self.line is None:
+                self.line = Line(self._body())
+            else:
+                self.line.update(self._body())
+            return self.line._handle is not None
 
     def done(self, ok: bool = True) -> None:
         with self._lock:  # after a tick() in progress: none comes after this
@@ -302,10 +303,7 @@ class _Clock:
 
     def forget(self) -> None:
         """In a forked child: the parent's thread is not there."""
-        self._cond = threading.Condition(threading.Lock())
-        self._due = {}
-        self._waking = None
-        self._thread = None
+        self.__init__()  # type: ignore[misc]
 
 
 _clock = _Clock()
