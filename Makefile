@@ -128,7 +128,7 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(addprefix $(LABEXT)/,node_modules .yarn lib build tsconfig.tsbuildinfo)
+	rm -rf $(VENV) .venv-ray $(addprefix $(LABEXT)/,node_modules .yarn lib build tsconfig.tsbuildinfo)
 
 # Benchmarks (docs/benchmarks.md). `bench` is the full run (several minutes; start it on an
 # otherwise idle machine): it writes bench/results/latest.json, then bench.report rewrites
@@ -142,6 +142,20 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick --out bench/results/quick.json
+
+# bench/overhead.py with Ray as its peer (`rpcnb.run` no-op against a Ray actor call, in
+# turns): Ray goes into a venv of its own, .venv-ray, that sees $(VENV)'s packages through
+# a .pth file, so the venv the tests run in stays without it. Writes
+# bench/results/overhead.json.
+RAY_VENV := .venv-ray
+RAY_VERSION ?= 2.60.0
+.PHONY: bench-ray
+bench-ray: $(STAMP)
+	test -x $(RAY_VENV)/bin/python || $(PY) -m venv $(RAY_VENV)
+	purelib() { $$1 -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }; \
+	purelib $(abspath $(BIN))/python > "$$(purelib $(RAY_VENV)/bin/python)/zz-rpcnb-venv.pth"
+	$(RAY_VENV)/bin/pip install -q ray==$(RAY_VERSION)
+	$(RAY_VENV)/bin/python -m bench.overhead --out bench/results/overhead.json
 
 # The executed tutorials, with outputs and figures, in notebooks/executed/ (committed: the
 # repository browser renders them, the docs publish them); rerun and commit after changing
