@@ -6,7 +6,8 @@ Two groups of two processes on this host run at once: one started by torch's own
 ``init_rpc`` (the ``torch`` column), one by ``rpcnb.init(1)`` (the ``rpcnb`` column), with the
 same transport (TensorPipe's ``uv`` on loopback). Each is driven by a plain Python process
 that makes the same calls: ``rpc_sync``/``rpc_async``/``remote`` of an importable Python
-function and of builtins, and ``to_here``. The two drivers take turns in batches of
+function and of builtins, ``to_here``, and the tutorials' ``_call_method(Cls.method, rref,
+...)`` (a function and an RRef among the arguments). The two drivers take turns in batches of
 ``--calls`` calls (torch, rpcnb, torch, ..., ``--turns`` each) while the other group idles,
 so both columns meet the same load on the machine (on a shared 2-core machine, figures
 taken minutes apart differ by more than what is measured); each figure is the median of
@@ -48,6 +49,7 @@ TARGETS = [
     ("rpc_sync builtin torch.add", "rpcnb", "torch", 1.05),
     ("rpc_async python fn", "rpcnb", "torch", 1.05),
     ("remote().to_here()", "rpcnb", "torch", 1.05),
+    ("rpc_sync method via RRef", "rpcnb", "torch", 1.05),
     ("rpcnb.run no-op", "rpcnb", "torch rpc_sync python fn", 1.2),
     ("100 MB to builtin", "rpcnb", "100 MB to python fn", 1.2),
     ("push+fetch 100 MB", "rpcnb", "memcpy 100 MB", 1.5),
@@ -59,7 +61,7 @@ mode = sys.argv[1]
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 import torch
 import torch.distributed.rpc as rpc
-from bench.targets import consume, noop
+from bench.targets import Counter, call_method, consume, noop
 
 if mode == "torch":
     import subprocess, tempfile
@@ -80,12 +82,15 @@ else:
 
 small = torch.ones(16)
 a, b = torch.ones(4), torch.ones(4)
+counter = rpc.remote("worker1", Counter)  # the tutorials' pattern: _call_method on an RRef
 rows = {
     "rpc_sync python fn": lambda: rpc.rpc_sync("worker1", noop),
     "rpc_sync python fn, 16 floats": lambda: rpc.rpc_sync("worker1", consume, args=(small,)),
     "rpc_sync builtin torch.add": lambda: rpc.rpc_sync("worker1", torch.add, args=(a, b)),
     "rpc_async python fn": lambda: rpc.rpc_async("worker1", noop).wait(),
     "remote().to_here()": lambda: rpc.remote("worker1", torch.add, args=(a, b)).to_here(),
+    "rpc_sync method via RRef": lambda: rpc.rpc_sync(
+        "worker1", call_method, args=(Counter.step, counter, a)),
 }
 if mode == "rpcnb":
     big = torch.ones(25 * 1024 * 1024)  # 100 MB
@@ -130,7 +135,7 @@ RPCNB_ONLY = {"rpcnb.run no-op": 1, "100 MB to python fn": 30, "100 MB to builti
               "shared 512 MB to python fn": 30, "shared 512 MB to builtin": 30,
               "memcpy 100 MB": 30, "push+fetch 100 MB": 30}
 BOTH = ["rpc_sync python fn", "rpc_sync python fn, 16 floats", "rpc_sync builtin torch.add",
-        "rpc_async python fn", "remote().to_here()"]
+        "rpc_async python fn", "remote().to_here()", "rpc_sync method via RRef"]
 
 RAY = r"""
 import json, statistics, sys, time

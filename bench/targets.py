@@ -21,6 +21,23 @@ def one() -> int:
     return 1
 
 
+class Counter:
+    """An object a worker owns, used through an RRef as the PyTorch RPC tutorials do."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def step(self, state: Any) -> int:
+        self.n += 1
+        return self.n
+
+
+def call_method(method: Any, rref: Any, *args: Any) -> Any:
+    """The tutorials' ``_call_method``: ``method`` of the object ``rref`` holds, run where
+    that object lives (``rpc_sync(rref.owner(), call_method, args=[Cls.method, rref, ...])``)."""
+    return method(rref.local_value(), *args)
+
+
 def consume(t: Any) -> int:
     """Receive a tensor and answer with something tiny, so the round trip is one-way data."""
     return int(t.numel())

@@ -106,14 +106,16 @@ _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
 _BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
 
 
+# not plain; plain and pickled alone; plain, but needs the plain table (tensors, RRefs)
 _NOT_PLAIN, _NO_TENSORS, _WITH_TENSORS = -1, 0, 1
+_RREFS: tuple[type, ...] = ()  # torch's RRef types, once installed
 
 
 def plain(obj: Any) -> bool:
     """Whether ``obj`` pickles the same with the C pickler alone as with cloudpickle: a
     call (``PythonUDF``) of a function importable by name, or a value, made of numbers,
-    strings, bytes, None, dense CPU or CUDA tensors, and short tuples, lists and
-    string-keyed dicts of those. Anything else (notebook code, lambdas, classes,
+    strings, bytes, None, dense CPU or CUDA tensors, RRefs, functions importable by name,
+    and short tuples, lists and string-keyed dicts of those. Anything else (notebook code, lambdas, classes,
     objects of any other type) takes cloudpickle's path, which decides what goes by value."""
     return _plainness(obj, 0) != _NOT_PLAIN
 
@@ -140,6 +142,12 @@ def _plainness(obj: Any, depth: int) -> int:
         if not obj.args and not obj.kwargs:  # a call without arguments: the common case
             return _NO_TENSORS
         return _all_plain((obj.args, obj.kwargs or {}), depth)
+    if cls is types.FunctionType:
+        # a function as an argument (the tutorials' _remote_method(Agent.select_action,
+        # rref, ...)): by reference, as cloudpickle would send one importable by name
+        return _NO_TENSORS if _by_name(obj) else _NOT_PLAIN
+    if cls in _RREFS:  # an RRef is forked by torch's reducer, in the plain table
+        return _WITH_TENSORS
     if cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls):
         # rpcnb's own messages (a remote cell's result): by reference to their class, as
         # cloudpickle does; one that asks its tensors to be copied takes the full path
@@ -448,14 +456,16 @@ def install() -> None:
             return
         from rpcnb.wire import _torch
 
-        global _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES, _PLAIN_TABLE
+        global _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES, _PLAIN_TABLE, _RREFS
         import torch
 
         from rpcnb.paths import calls
 
         _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
         calls.prepare(torch.Tensor, _torch.rref_future)
-        _PLAIN_TABLE = {**copyreg.dispatch_table,
+        rrefs = _torch.rref_reducers()
+        _RREFS = tuple(rrefs)
+        _PLAIN_TABLE = {**copyreg.dispatch_table, **rrefs,
                         torch.Tensor: functools.partial(_reduce_tensor, _torch.tensor_reducer())}
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)

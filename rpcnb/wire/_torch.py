@@ -286,6 +286,13 @@ def pickler_table(obj: Any) -> dict[Any, Any]:
     return table
 
 
+def rref_reducers() -> dict[type, Callable[[Any], Any]]:
+    """torch's RPC pickler's reducers of RRefs (``PyRRef``, made by ``rpc.remote`` or
+    received; ``RRef``, made by its constructor): a fork for the receiver."""
+    p = rpc_pickler()
+    return {dist.rpc.PyRRef: p._py_rref_reducer, dist.rpc.RRef: p._rref_reducer}
+
+
 def reducers_key() -> tuple[int, int]:
     """Changes when torch's RPC pickler's reducers do (``_register_reducer``)."""
     p = rpc_pickler()

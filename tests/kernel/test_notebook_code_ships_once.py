@@ -45,6 +45,18 @@ _nb.marshal = _CountingMarshal()
 """
 SHIPPED = ("(lambda m: (m.dumps_calls, m.loads_calls))"
            "(__import__('rpcnb.wire.notebook').wire.notebook.marshal)")
+# counts the messages a process pickles on cloudpickle's path, not the C pickler's alone
+COUNT_FULL = """
+import rpcnb.paths.serialize as _serialize
+
+def _counting_pickler_class(_made=_serialize._pickler_class):
+    _counting_pickler_class.calls += 1
+    return _made()
+
+_counting_pickler_class.calls = 0
+_serialize._pickler_class = _counting_pickler_class
+"""
+FULL = "__import__('rpcnb.paths.serialize').paths.serialize._pickler_class.calls"
 
 
 def run_script(out: Path) -> dict:
@@ -64,6 +76,8 @@ def test_pasted_code_gives_what_importable_code_gives_and_ships_once(kernel_fact
     kernel.execute("%rpc_init --workers 2")
     kernel.execute(COUNT_MARSHAL)
     kernel.execute(f"%%remote --all\n{COUNT_MARSHAL}")
+    kernel.execute(COUNT_FULL)
+    kernel.execute(f"%%remote --all\n{COUNT_FULL}")
     kernel.execute(pasted)  # the classes and helpers, defined in a cell
     kernel.execute("import json, batched_rl  # the same, importable")
 
@@ -85,7 +99,18 @@ def test_pasted_code_gives_what_importable_code_gives_and_ships_once(kernel_fact
     again = drive("drive")
     # the same calls again: nothing is marshalled or unmarshalled any more, anywhere
     assert shipped() == after_first, (after_first, shipped())
+    def full() -> int:
+        return kernel.value(FULL) + sum(
+            kernel.value(f"__import__('rpcnb').run({w!r}, {FULL!r}, fetch=True)")
+            for w in ("worker1", "worker2"))
+
+    before = full()
     importable = drive("batched_rl.drive")
+    # the importable program's messages (functions by name, RRefs, small tensors: the
+    # tutorials' _remote_method) take the C pickler alone, as torch's own pickler would;
+    # only its two rpc.remote(Observer) (a class) and rpcnb's own cells take the full path
+    took = full() - before
+    assert took < 10, f"{took} messages took cloudpickle's path in a run of {CALLS} calls"
     script = run_script(tmp_path / "script.json")
     # the same program, the same policy (seeded): the same actions, all three ways
     assert first["totals"] == again["totals"] == importable["totals"] == script["totals"], \

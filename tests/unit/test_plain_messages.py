@@ -56,6 +56,21 @@ def test_a_module_registered_by_value_is_never_sent_by_name():
     assert serialize.plain(UDF(importable, (), {}))
 
 
+class Holder:
+    def method(self, x):
+        return x
+
+
+def test_importable_functions_among_the_arguments_are_plain():
+    # the tutorials' _remote_method(Agent.select_action, rref, ...): a method of an
+    # importable class, passed as a value, goes by name as cloudpickle would send it
+    assert serialize.plain(UDF(importable, [Holder.method, 0, torch.zeros(4)], {}))
+    assert serialize.plain(UDF(importable, (json.dumps,), {}))
+    data, tensors = serialize._serialize(None, UDF(importable, [Holder.method, 2], {}))
+    back = _torch.rpc_pickler().deserialize(data, tensors)
+    assert back.args[0] is Holder.method and back.args[1] == 2
+
+
 @pytest.mark.parametrize("message", [UDF(importable, (1, "x", torch.arange(4)), {"k": [1.0]})])
 def test_a_plain_message_reads_back_the_same(message):
     data, tensors = serialize._serialize(None, message)
