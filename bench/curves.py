@@ -12,7 +12,7 @@ docs/benchmarks.md (``bench.report``) by offering, at module level:
   curves (series of points, drawn as PNG) and its targets (with verdicts), computed from
   the JSON only, so the docs' figures never disagree with its tables.
 
-``bench.run.MODULES`` lists them (``bench.curves``, ``bench.idle``, ``bench.startup``); one
+``bench.tables.MODULES`` lists them (``bench.curves``, ``bench.idle``, ``bench.startup``); one
 that is not in the tree is skipped.
 """
 

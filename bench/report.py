@@ -4,7 +4,7 @@ runs it after ``bench.run``), so the numbers in the docs never disagree with eac
     .venv/bin/python -m bench.report [JSON] [--doc docs/benchmarks.md] [--figures DIR]
 
 It rewrites the part of the page between the two ``GENERATED`` markers: the machine's
-facts, the run's tables (``bench.run.report``), each bench module's part (tables and
+facts, the run's tables (``bench.tables.report``), each bench module's part (tables and
 targets) and a PNG per curve (matplotlib, in ``docs/_static/bench/``). Bench modules
 contribute through ``report(section, results) -> Part`` (``bench.curves`` says how).
 """
@@ -18,6 +18,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.tables import MODULES
+from bench.tables import report as run_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -62,8 +65,6 @@ def text_table(rows: list[list[str]]) -> str:
 
 def parts(doc: dict[str, Any]) -> list[Part]:
     """Each contributing module's part, from the JSON only."""
-    from bench.run import MODULES
-
     out = []
     results = doc.get("results", {})
     for name in MODULES:
@@ -117,8 +118,6 @@ def machine_line(doc: dict[str, Any]) -> str:
 def render(doc: dict[str, Any], figures: Path, link: str) -> str:
     """The generated markdown; writes the PNGs into ``figures`` (``link``: their path as
     the page refers to them)."""
-    from bench.run import report as run_report
-
     table, targets = run_report(doc.get("results", {}), doc.get("config", {}))
     out = [machine_line(doc)] + (["", "```", table, "```"] if table.strip() else [])
     every = list(targets)
@@ -139,8 +138,6 @@ def render(doc: dict[str, Any], figures: Path, link: str) -> str:
 
 def all_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target's verdict: bench.run's and each module's."""
-    from bench.run import report as run_report
-
     _, targets = run_report(doc.get("results", {}), doc.get("config", {}))
     return list(targets) + [t for part in parts(doc) for t in part.targets]
 
