@@ -53,7 +53,7 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
         data = pickle.dumps(obj, PROTOCOL)
         s = state.active()
         return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
-    if kind == _WITH_TENSORS:
+    if kind == _NEEDS_TABLE:
         return _serialize_plain(obj)
     from rpcnb.wire import _torch
 
@@ -106,8 +106,8 @@ _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
 _BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
 
 
-# not plain; plain and pickled alone; plain, but needs the plain table (tensors, RRefs)
-_NOT_PLAIN, _NO_TENSORS, _WITH_TENSORS = -1, 0, 1
+# not plain; plain, pickled alone; plain, with the plain table (for tensors and RRefs)
+_NOT_PLAIN, _NO_TENSORS, _NEEDS_TABLE = -1, 0, 1
 _RREFS: tuple[type, ...] = ()  # torch's RRef types, once installed
 
 
@@ -115,19 +115,20 @@ def plain(obj: Any) -> bool:
     """Whether ``obj`` pickles the same with the C pickler alone as with cloudpickle: a
     call (``PythonUDF``) of a function importable by name, or a value, made of numbers,
     strings, bytes, None, dense CPU or CUDA tensors, RRefs, functions importable by name,
-    and short tuples, lists and string-keyed dicts of those. Anything else (notebook code, lambdas, classes,
-    objects of any other type) takes cloudpickle's path, which decides what goes by value."""
+    and short tuples, lists and string-keyed dicts of those. Anything else (notebook code,
+    lambdas, classes, objects of any other type) takes cloudpickle's path, which decides
+    what goes by value."""
     return _plainness(obj, 0) != _NOT_PLAIN
 
 
 def _plainness(obj: Any, depth: int) -> int:
-    """``_NOT_PLAIN``, or whether a plain ``obj`` holds tensors (only those need the
-    dispatch table: without them the C pickler's own ``dumps`` gives the same bytes)."""
+    """``_NOT_PLAIN``, or whether a plain ``obj`` holds tensors or RRefs (only those need
+    the dispatch table: without them the C pickler's own ``dumps`` gives the same bytes)."""
     cls = type(obj)
     if cls in _LEAVES:
         return _NO_TENSORS
     if cls is _TENSOR:
-        return _WITH_TENSORS
+        return _NEEDS_TABLE
     if depth > 3:
         return _NOT_PLAIN
     if cls is tuple or cls is list:
@@ -147,7 +148,7 @@ def _plainness(obj: Any, depth: int) -> int:
         # rref, ...)): by reference, as cloudpickle would send one importable by name
         return _NO_TENSORS if _by_name(obj) else _NOT_PLAIN
     if cls in _RREFS:  # an RRef is forked by torch's reducer, in the plain table
-        return _WITH_TENSORS
+        return _NEEDS_TABLE
     if cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls):
         # rpcnb's own messages (a remote cell's result): by reference to their class, as
         # cloudpickle does; one that asks its tensors to be copied takes the full path

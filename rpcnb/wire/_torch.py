@@ -278,8 +278,7 @@ def pickler_table(obj: Any) -> dict[Any, Any]:
     reducers registered with ``_register_reducer``."""
     p = rpc_pickler()
     table = dict(p._dispatch_table)
-    table[dist.rpc.PyRRef] = p._py_rref_reducer
-    table[dist.rpc.RRef] = p._rref_reducer
+    table.update(rref_reducers())
     if isinstance(obj, torch.jit.ScriptModule):
         table[obj.__class__] = p._script_module_reducer
     table.update(p._class_reducer_dict)

@@ -99,6 +99,7 @@ def test_pasted_code_gives_what_importable_code_gives_and_ships_once(kernel_fact
     again = drive("drive")
     # the same calls again: nothing is marshalled or unmarshalled any more, anywhere
     assert shipped() == after_first, (after_first, shipped())
+
     def full() -> int:
         return kernel.value(FULL) + sum(
             kernel.value(f"__import__('rpcnb').run({w!r}, {FULL!r}, fetch=True)")
