@@ -26,8 +26,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 NOTEBOOK_CODE = """
+import torch
+
 def nb_add(a, b=1):
     return a + b
+
+def nb_call_method(method, obj, *args):
+    return method(obj, *args)
+
+class NbAgent:
+    def select_action(self, ob_id, state):
+        return int(torch.argmax(state))
 """
 
 
@@ -45,6 +54,9 @@ def messages() -> dict[str, Any]:
     return {
         "importable, no args": PythonUDF(noop, (), {}),
         "notebook fn, small args": PythonUDF(nb_add, (41,), {"b": small["step"]}),
+        # the tutorials' _call_method(Agent.select_action, ...), pasted into a notebook
+        "notebook fn, notebook method + tensor": PythonUDF(
+            main["nb_call_method"], (main["NbAgent"].select_action, 3, torch.zeros(4)), {}),
         "importable, dict of plain values": PythonUDF(noop, (small,), {}),
         "importable, 1 KB torch tensor": PythonUDF(noop, (torch.ones(256),), {}),
         "importable, 1 KB numpy array": PythonUDF(noop, (np.ones(256, dtype=np.float32),), {}),

@@ -53,8 +53,8 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
         data = pickle.dumps(obj, PROTOCOL)
         s = state.active()
         return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
-    if kind == _NEEDS_TABLE:
-        return _serialize_plain(obj)
+    if kind != _NOT_PLAIN:
+        return _serialize_plain(obj, kind & _NOTEBOOK)
     from rpcnb.wire import _torch
 
     f = io.BytesIO()
@@ -75,12 +75,14 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
 
 
-def _serialize_plain(obj: Any) -> tuple[bytes, list[Any]]:
-    """A message of functions importable by name, plain values and tensors: the C pickler
-    alone, with copyreg's table and rpcnb's tensor reducer (a plain message holds nothing
-    else that a table entry would change), as fast as torch's."""
+def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]]:
+    """A message of functions importable by name, plain values, tensors and RRefs: the C
+    pickler alone, with copyreg's table and rpcnb's tensor reducer (a plain message holds
+    nothing else that a table entry would change), as fast as torch's. Notebook functions
+    in it go as the bytes they were shipped as once (``notebook.shipped``)."""
     f = io.BytesIO()
-    p = pickle.Pickler(f, protocol=PROTOCOL)
+    p = _NotebookCodePickler(f, protocol=PROTOCOL) if notebook_code \
+        else pickle.Pickler(f, protocol=PROTOCOL)
     p.dispatch_table = _PLAIN_TABLE
     tables = _TENSOR_TABLES
     old = getattr(tables, "send_tables", None)
@@ -99,6 +101,18 @@ def _serialize_plain(obj: Any) -> tuple[bytes, list[Any]]:
     return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
 
 
+class _NotebookCodePickler(pickle.Pickler):
+    """The C pickler, with notebook functions as their shipped bytes (the hook runs only
+    for objects the C pickler has no fast path for: a plain message holds a handful)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.FunctionType and notebook.is_notebook_function(obj):
+            blob = notebook.shipped_form(obj) or notebook.shipped(obj)  # checked by plain
+            if blob:
+                return notebook.load_shipped, (blob,)
+        return NotImplemented
+
+
 _TENSOR_TABLES: Any = None  # torch's thread-local RPC tensor tables, once installed
 _PLAIN_TABLE: dict[Any, Any] = {}  # copyreg's and torch.Tensor's reducer, once installed
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
@@ -106,8 +120,9 @@ _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
 _BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
 
 
-# not plain; plain, pickled alone; plain, with the plain table (for tensors and RRefs)
-_NOT_PLAIN, _NO_TENSORS, _NEEDS_TABLE = -1, 0, 1
+# not plain; plain, pickled alone; plain, with the plain table (for tensors and RRefs);
+# holding notebook functions that travel as their shipped bytes (a flag, with either)
+_NOT_PLAIN, _NO_TENSORS, _NEEDS_TABLE, _NOTEBOOK = -1, 0, 1, 2
 _RREFS: tuple[type, ...] = ()  # torch's RRef types, once installed
 
 
@@ -138,15 +153,15 @@ def _plainness(obj: Any, depth: int) -> int:
             return _NOT_PLAIN
         return _all_plain(obj.values(), depth)
     if cls is _UDF:
-        if not _by_name(obj.func):
-            return _NOT_PLAIN
-        if not obj.args and not obj.kwargs:  # a call without arguments: the common case
-            return _NO_TENSORS
-        return _all_plain((obj.args, obj.kwargs or {}), depth)
+        kind = _function(obj.func)
+        if kind == _NOT_PLAIN or (not obj.args and not obj.kwargs):
+            return kind  # a call without arguments: the common case
+        args = _all_plain((obj.args, obj.kwargs or {}), depth)
+        return _NOT_PLAIN if args == _NOT_PLAIN else kind | args
     if cls is types.FunctionType:
         # a function as an argument (the tutorials' _remote_method(Agent.select_action,
         # rref, ...)): by reference, as cloudpickle would send one importable by name
-        return _NO_TENSORS if _by_name(obj) else _NOT_PLAIN
+        return _function(obj)
     if cls in _RREFS:  # an RRef is forked by torch's reducer, in the plain table
         return _NEEDS_TABLE
     if cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls):
@@ -172,6 +187,16 @@ def _all_plain(items: Any, depth: int) -> int:
             return _NOT_PLAIN
         kind |= k
     return kind
+
+
+def _function(func: Any) -> int:
+    """A function importable by name (``_NO_TENSORS``), a notebook function with shipped
+    bytes (``_NOTEBOOK``), or one cloudpickle must send (``_NOT_PLAIN``)."""
+    if _by_name(func):
+        return _NO_TENSORS
+    if notebook.is_notebook_function(func) and notebook.shipped(func):
+        return _NOTEBOOK
+    return _NOT_PLAIN
 
 
 def _by_name(func: Any) -> bool:

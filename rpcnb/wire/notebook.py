@@ -15,13 +15,17 @@ thread-locals make sense in one process only: they arrive as fresh ones, once pe
 assignment. What makes shipping cheap is cached per code object (the submodules a
 function reaches, which cloudpickle finds by scanning ``sys.modules``), and a process
 keeps the functions it rebuilt, so a function shipped again is the same object there.
+A function whose globals cannot change in place is pickled once, into bytes that messages
+carry until one of those globals is rebound (``shipped``, ``load_shipped``).
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import marshal
 import os
+import pickle
 import queue
 import socket
 import sys
@@ -268,6 +272,144 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         if where is not None:
             return (_attribute, where)
         return super()._function_reduce(obj)
+
+
+# --------------------------------------------------------------------------- shipped once
+#
+# A notebook function whose globals are all steady (numbers, strings, modules, importable
+# classes and functions, other such notebook functions) pickles to the same bytes until
+# one of them is rebound. Those bytes are made once and kept (``shipped``); a message
+# carries them as one value, so it takes the C pickler alone instead of cloudpickle's
+# per-object hook, and a receiver that has read those bytes before takes the function it
+# made from them (``load_shipped``). A global that is rebound, deleted or defined changes
+# what the function's bytes are made from, and they are made again (with its new tag).
+# Anything else (a list, a dict, a tensor, a notebook class, a lock, closures, attributes
+# set on the function) can change in place, so those functions are pickled afresh with
+# every message, as before.
+
+_MISSING = object()
+_STEADY_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
+
+
+class _Form:
+    """What a function's shipped bytes were made from (``blob`` None: they cannot be)."""
+
+    __slots__ = ("code", "names", "values", "defaults", "kwdefaults", "kwdefaults_copy",
+                 "annotations", "annotations_copy", "qualname", "by_value", "blob")
+
+    def __init__(self, func: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+        self.code = func.__code__
+        self.names, self.values = names, values
+        self.defaults = func.__defaults__
+        self.kwdefaults, self.kwdefaults_copy = func.__kwdefaults__, dict(func.__kwdefaults__ or {})
+        self.annotations = func.__annotations__
+        self.annotations_copy = dict(self.annotations)
+        self.qualname = func.__qualname__
+        self.by_value = frozenset(by_value_modules())
+        self.blob: bytes | None = None
+
+
+_forms: weakref.WeakKeyDictionary[Any, _Form] = weakref.WeakKeyDictionary()
+_from_blob: dict[bytes, Any] = {}  # bytes read here -> the function made from them
+
+
+def _current(func: Any, form: _Form, seen: set[int]) -> bool:
+    """Whether ``func`` would still pickle to the bytes ``form`` was made for (what each
+    message pays for a notebook function in it: a few identity checks)."""
+    if func.__code__ is not form.code or func.__defaults__ is not form.defaults \
+            or func.__closure__ is not None or func.__dict__ \
+            or func.__qualname__ is not form.qualname \
+            or func.__kwdefaults__ is not form.kwdefaults \
+            or func.__annotations__ is not form.annotations:
+        return False
+    if form.kwdefaults_copy and func.__kwdefaults__ != form.kwdefaults_copy \
+            or form.annotations_copy and func.__annotations__ != form.annotations_copy:
+        return False
+    by_value = by_value_modules()
+    if (by_value or form.by_value) and by_value != form.by_value:
+        return False
+    g = func.__globals__
+    for name, value in zip(form.names, form.values, strict=True):
+        if g.get(name, _MISSING) is not value:
+            return False
+        if type(value) is types.FunctionType and value.__globals__ is g \
+                and id(value) not in seen:
+            seen.add(id(value))
+            inner = _forms.get(value)  # a notebook function it calls: its bytes are inside
+            if inner is None or not _current(value, inner, seen) \
+                    or (inner.blob is None and form.blob is not None):
+                return False
+    return True
+
+
+def shipped_form(func: Any) -> bytes | None:
+    """The bytes ``shipped`` last found current for ``func``, unchecked (for the pickler,
+    right after ``shipped`` checked them for the same message)."""
+    form = _forms.get(func)
+    return form.blob if form is not None else None
+
+
+def _steady(value: Any, depth: int = 0) -> bool:
+    """A value that cannot change without being rebound, and pickles without tables."""
+    cls = type(value)
+    if cls in _STEADY_LEAVES or cls is types.ModuleType:
+        return True
+    if cls is tuple:
+        return depth < 3 and len(value) <= 16 and all(_steady(v, depth + 1) for v in value)
+    if cls is types.FunctionType:
+        if is_notebook_function(value):
+            return shipped(value) is not None
+        return bool(_cp._should_pickle_by_reference(value))
+    if cls is types.BuiltinFunctionType:
+        return isinstance(getattr(value, "__self__", None), (types.ModuleType, type(None)))
+    if isinstance(value, type):
+        return bool(_cp._should_pickle_by_reference(value))
+    return cls.__module__ == "torch" and cls.__name__ in ("device", "dtype")
+
+
+_building: set[int] = set()  # functions whose bytes this thread is making (under _lock)
+
+
+def shipped(func: Any) -> bytes | None:
+    """The bytes a notebook function travels as while its globals stay as they are, made
+    once; None for a function that must be pickled afresh with every message."""
+    form = _forms.get(func)
+    if form is not None and _current(func, form, {id(func)}):
+        return form.blob
+    with _lock:
+        if id(func) in _building:  # recursion: the outer function's bytes will hold it
+            return b""
+        g = func.__globals__
+        names = tuple(_cp._extract_code_globals(func.__code__))
+        form = _Form(func, names, tuple(g.get(n, _MISSING) for n in names))
+        _building.add(id(func))
+        try:
+            if func.__closure__ is None and not func.__dict__ \
+                    and all(v is _MISSING or _steady(v) for v in form.values) \
+                    and all(_steady(v) for v in func.__defaults__ or ()) \
+                    and all(_steady(v) for v in form.kwdefaults_copy.values()):
+                out = io.BytesIO()
+                try:
+                    Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(func)
+                    form.blob = out.getvalue()
+                except (pickle.PicklingError, TypeError, AttributeError, ValueError):
+                    pass  # pickled afresh with each message: that path says what fails
+        finally:
+            _building.discard(id(func))
+        _forms[func] = form
+        return form.blob
+
+
+def load_shipped(blob: bytes) -> Any:
+    """The function ``shipped`` bytes stand for: made once here from the same bytes."""
+    func = _from_blob.get(blob)
+    if func is None or func.__globals__ is not namespace():
+        func = pickle.loads(blob)
+        with _lock:
+            if len(_from_blob) > 1000:
+                _from_blob.clear()
+            _from_blob[blob] = func
+    return func
 
 
 def explain(pickler: Any, error: BaseException) -> BaseException:

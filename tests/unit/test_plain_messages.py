@@ -1,13 +1,13 @@
 """Which messages take the C pickler alone (rpcnb.paths.serialize.plain): those that
-pickle the same without cloudpickle. Anything that must travel by value (notebook code,
-lambdas, local functions, modules the user registered by value) must not."""
+pickle the same without cloudpickle. Anything that must travel by value (lambdas, local
+functions, modules the user registered by value, notebook code whose globals can change in
+place) must not."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
-import types
 
 import cloudpickle
 import pytest
@@ -38,8 +38,14 @@ def test_what_must_travel_by_value_is_not_plain():
 
     assert not serialize.plain(UDF(local, (), {}))
     assert not serialize.plain(UDF(lambda x: x, (), {}))
-    main = types.FunctionType(importable.__code__, sys.modules["__main__"].__dict__, "nb")
-    assert not serialize.plain(UDF(main, (), {}))  # a notebook function
+    # a notebook function reading a notebook global that can change in place (steady ones
+    # travel as bytes made once: tests/unit/test_shipped_code.py)
+    namespace = sys.modules["__main__"].__dict__
+    exec("NB_ITEMS = []\ndef nb_count():\n    return len(NB_ITEMS)\n", namespace)
+    try:
+        assert not serialize.plain(UDF(namespace["nb_count"], (), {}))
+    finally:
+        del namespace["NB_ITEMS"], namespace["nb_count"]
     assert not serialize.plain(UDF(importable, (local,), {}))  # code among the arguments
     assert not serialize.plain(UDF(importable, (object(),), {}))  # an object of any type
     assert not serialize.plain(UDF(importable, ([0] * 100,), {}))  # long: cloudpickle's check
