@@ -387,7 +387,8 @@ def shipped(func: Any) -> bytes | None:
             if func.__closure__ is None and not func.__dict__ \
                     and all(v is _MISSING or _steady(v) for v in form.values) \
                     and all(_steady(v) for v in func.__defaults__ or ()) \
-                    and all(_steady(v) for v in form.kwdefaults_copy.values()):
+                    and all(_steady(v) for v in form.kwdefaults_copy.values()) \
+                    and all(_steady(v) for v in form.annotations_copy.values()):
                 out = io.BytesIO()
                 try:
                     Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(func)

@@ -42,7 +42,8 @@ RECEIVER = textwrap.dedent("""
 @pytest.fixture(autouse=True)
 def notebook_cell():
     """Code defined as a notebook cell defines it: in ``__main__``."""
-    yield lambda source: exec(textwrap.dedent(source), MAIN)
+    yield lambda source: exec(compile(textwrap.dedent(source), "<cell>", "exec",
+                                      dont_inherit=True), MAIN)  # not this file's __future__
     for name in NAMES:
         MAIN.pop(name, None)
 
@@ -120,6 +121,12 @@ def test_what_can_change_in_place_is_pickled_with_every_message(notebook_cell):
     """)
     f = MAIN["nb_items"]
     assert notebook.shipped(f) is None
+    # an annotation naming a notebook class would carry that class in the bytes
+    notebook_cell("""
+        def nb_scale(x: NbAgent):
+            return x
+    """)
+    assert notebook.shipped(MAIN["nb_scale"]) is None
     assert not serialize.plain(UDF(f, (), {}))
     # a method of a notebook class is a notebook function like any other
     assert serialize.plain(UDF(MAIN["NbAgent"].select_action, (None, 1), {}))
