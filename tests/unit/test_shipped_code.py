@@ -20,7 +20,7 @@ from rpcnb.wire import _torch, notebook
 
 serialize.install()
 UDF = _torch.python_udf()
-MAIN = sys.modules["__main__"].__dict__
+MAIN: dict = {}  # this process's notebook namespace (an IPython shell made by another test replaces it)
 NAMES = ("SCALE", "ITEMS", "nb_scale", "nb_items", "nb_helper", "nb_outer", "nb_fact",
          "nb_call_method", "NbAgent")
 
@@ -42,6 +42,8 @@ RECEIVER = textwrap.dedent("""
 @pytest.fixture(autouse=True)
 def notebook_cell():
     """Code defined as a notebook cell defines it: in ``__main__``."""
+    global MAIN
+    MAIN = notebook.namespace()
     yield lambda source: exec(compile(textwrap.dedent(source), "<cell>", "exec",
                                       dont_inherit=True), MAIN)  # not this file's __future__
     for name in NAMES:
