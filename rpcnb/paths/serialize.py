@@ -54,7 +54,10 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
         s = state.active()
         return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
     if kind != _NOT_PLAIN:
-        return _serialize_plain(obj, kind & _NOTEBOOK)
+        try:
+            return _serialize_plain(obj, kind & _NOTEBOOK)
+        except _Unshipped:
+            pass  # another thread rebound a global of a notebook function in it just now
     from rpcnb.wire import _torch
 
     f = io.BytesIO()
@@ -101,6 +104,10 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
     return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
 
 
+class _Unshipped(Exception):
+    """A notebook function lost its shipped bytes between ``plain`` and pickling."""
+
+
 class _NotebookCodePickler(pickle.Pickler):
     """The C pickler, with notebook functions as their shipped bytes (the hook runs only
     for objects the C pickler has no fast path for: a plain message holds a handful)."""
@@ -108,8 +115,9 @@ class _NotebookCodePickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is types.FunctionType and notebook.is_notebook_function(obj):
             blob = notebook.shipped_form(obj) or notebook.shipped(obj)  # checked by plain
-            if blob:
-                return notebook.load_shipped, (blob,)
+            if not blob:  # never by name: the receiver would run its own __main__.f
+                raise _Unshipped(obj.__qualname__)
+            return notebook.load_shipped, (blob,)
         return NotImplemented
 
 

@@ -287,25 +287,32 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 # set on the function) can change in place, so those functions are pickled afresh with
 # every message, as before.
 
-_MISSING = object()
+_MISSING, _SELF = object(), object()  # a global not defined; the function itself
 _STEADY_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
 
 
 class _Form:
-    """What a function's shipped bytes were made from (``blob`` None: they cannot be)."""
+    """What a function's shipped bytes were made from (``blob`` None: they cannot be):
+    its code and attributes, each global's value and tag, and the forms of the notebook
+    functions the bytes hold (``inner``)."""
 
-    __slots__ = ("code", "names", "values", "defaults", "kwdefaults", "kwdefaults_copy",
-                 "annotations", "annotations_copy", "qualname", "by_value", "blob")
+    __slots__ = ("code", "names", "values", "tags", "defaults", "kwdefaults", "kwdefaults_copy",
+                 "annotations", "annotations_copy", "attrs", "by_value", "inner", "blob")
 
-    def __init__(self, func: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+    def __init__(self, func: Any, names: tuple[str, ...]) -> None:
+        g = func.__globals__
         self.code = func.__code__
-        self.names, self.values = names, values
+        self.names = names
+        self.values = tuple(_SELF if g.get(n, _MISSING) is func else g.get(n, _MISSING)
+                            for n in names)  # not the function itself: it would never be freed
+        self.tags: tuple[Any, ...] = ()
         self.defaults = func.__defaults__
         self.kwdefaults, self.kwdefaults_copy = func.__kwdefaults__, dict(func.__kwdefaults__ or {})
         self.annotations = func.__annotations__
         self.annotations_copy = dict(self.annotations)
-        self.qualname = func.__qualname__
+        self.attrs = (func.__qualname__, func.__name__, func.__module__, func.__doc__)
         self.by_value = frozenset(by_value_modules())
+        self.inner: list[tuple[Any, _Form | None]] = []
         self.blob: bytes | None = None
 
 
@@ -313,33 +320,49 @@ _forms: weakref.WeakKeyDictionary[Any, _Form] = weakref.WeakKeyDictionary()
 _from_blob: dict[bytes, Any] = {}  # bytes read here -> the function made from them
 
 
-def _current(func: Any, form: _Form, seen: set[int]) -> bool:
+def _same_items(now: dict[str, Any] | None, then: dict[str, Any]) -> bool:
+    if now is None:
+        return not then
+    return len(now) == len(then) and all(now.get(k, _MISSING) is v for k, v in then.items())
+
+
+def _tag_now(name: str, value: Any) -> tuple[str, int] | None:
+    """``_tag(name, value)`` without making one: None where it would be a new assignment."""
+    got = _received.get(name)
+    if got is not None and got[1] is value:
+        return got[0]
+    own = _own.get(name)
+    return (PROCESS, own[1]) if own is not None and own[0] is value else None
+
+
+def _current(func: Any, form: _Form) -> bool:
     """Whether ``func`` would still pickle to the bytes ``form`` was made for (what each
-    message pays for a notebook function in it: a few identity checks)."""
+    message pays for a notebook function in it: identity checks and dict lookups)."""
     if func.__code__ is not form.code or func.__defaults__ is not form.defaults \
             or func.__closure__ is not None or func.__dict__ \
-            or func.__qualname__ is not form.qualname \
             or func.__kwdefaults__ is not form.kwdefaults \
-            or func.__annotations__ is not form.annotations:
+            or func.__annotations__ is not form.annotations \
+            or not _same_items(func.__kwdefaults__, form.kwdefaults_copy) \
+            or not _same_items(func.__annotations__, form.annotations_copy):
         return False
-    if form.kwdefaults_copy and func.__kwdefaults__ != form.kwdefaults_copy \
-            or form.annotations_copy and func.__annotations__ != form.annotations_copy:
+    qualname, name, module, doc = form.attrs
+    if func.__qualname__ is not qualname or func.__name__ is not name \
+            or func.__module__ is not module or func.__doc__ is not doc:
         return False
     by_value = by_value_modules()
     if (by_value or form.by_value) and by_value != form.by_value:
         return False
     g = func.__globals__
-    for name, value in zip(form.names, form.values, strict=True):
-        if g.get(name, _MISSING) is not value:
+    for name, value, tag in zip(form.names, form.values, form.tags, strict=True):
+        now = g.get(name, _MISSING)
+        if now is not (func if value is _SELF else value):
             return False
-        if type(value) is types.FunctionType and value.__globals__ is g \
-                and id(value) not in seen:
-            seen.add(id(value))
-            inner = _forms.get(value)  # a notebook function it calls: its bytes are inside
-            if inner is None or not _current(value, inner, seen) \
-                    or (inner.blob is None and form.blob is not None):
-                return False
-    return True
+        # the same object may be a later assignment (MODE = 1; MODE = 2; MODE = 1)
+        if tag is not None and _tag_now(name, now) != tag:
+            return False
+    # the notebook functions inside the bytes (helpers, defaults): the same forms, current
+    return all(_forms.get(inner) is inner_form and inner_form is not None
+               and _current(inner, inner_form) for inner, inner_form in form.inner)
 
 
 def shipped_form(func: Any) -> bytes | None:
@@ -347,6 +370,11 @@ def shipped_form(func: Any) -> bytes | None:
     right after ``shipped`` checked them for the same message)."""
     form = _forms.get(func)
     return form.blob if form is not None else None
+
+
+# the functions whose bytes this thread is making (under _lock), innermost last, each with
+# the notebook functions its bytes will hold
+_building: list[tuple[Any, list[tuple[Any, _Form | None]]]] = []
 
 
 def _steady(value: Any, depth: int = 0) -> bool:
@@ -357,9 +385,17 @@ def _steady(value: Any, depth: int = 0) -> bool:
     if cls is tuple:
         return depth < 3 and len(value) <= 16 and all(_steady(v, depth + 1) for v in value)
     if cls is types.FunctionType:
-        if is_notebook_function(value):
-            return shipped(value) is not None
-        return bool(_cp._should_pickle_by_reference(value))
+        if not is_notebook_function(value):
+            return bool(_cp._should_pickle_by_reference(value))
+        top, inner = _building[-1]
+        if value is top:
+            return True  # recursion: its own bytes
+        if any(value is f for f, _ in _building):
+            return False  # functions calling each other: pickled afresh each time
+        if shipped(value) is None:
+            return False
+        inner.append((value, _forms.get(value)))
+        return True
     if cls is types.BuiltinFunctionType:
         return isinstance(getattr(value, "__self__", None), (types.ModuleType, type(None)))
     if isinstance(value, type):
@@ -367,25 +403,18 @@ def _steady(value: Any, depth: int = 0) -> bool:
     return cls.__module__ == "torch" and cls.__name__ in ("device", "dtype")
 
 
-_building: set[int] = set()  # functions whose bytes this thread is making (under _lock)
-
-
 def shipped(func: Any) -> bytes | None:
     """The bytes a notebook function travels as while its globals stay as they are, made
     once; None for a function that must be pickled afresh with every message."""
     form = _forms.get(func)
-    if form is not None and _current(func, form, {id(func)}):
+    if form is not None and _current(func, form):
         return form.blob
     with _lock:
-        if id(func) in _building:  # recursion: the outer function's bytes will hold it
-            return b""
-        g = func.__globals__
-        names = tuple(_cp._extract_code_globals(func.__code__))
-        form = _Form(func, names, tuple(g.get(n, _MISSING) for n in names))
-        _building.add(id(func))
+        form = _Form(func, tuple(_cp._extract_code_globals(func.__code__)))
+        _building.append((func, form.inner))
         try:
             if func.__closure__ is None and not func.__dict__ \
-                    and all(v is _MISSING or _steady(v) for v in form.values) \
+                    and all(v is _MISSING or v is _SELF or _steady(v) for v in form.values) \
                     and all(_steady(v) for v in func.__defaults__ or ()) \
                     and all(_steady(v) for v in form.kwdefaults_copy.values()) \
                     and all(_steady(v) for v in form.annotations_copy.values()):
@@ -396,7 +425,10 @@ def shipped(func: Any) -> bytes | None:
                 except (pickle.PicklingError, TypeError, AttributeError, ValueError):
                     pass  # pickled afresh with each message: that path says what fails
         finally:
-            _building.discard(id(func))
+            _building.pop()
+        g = func.__globals__  # the tags the bytes hold (modules travel untagged)
+        form.tags = tuple(None if v is _MISSING or type(v) is types.ModuleType
+                          else _tag_now(n, g.get(n)) for n, v in zip(form.names, form.values, strict=True))
         _forms[func] = form
         return form.blob
 
@@ -444,8 +476,8 @@ def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> 
             return home
     with _lock:
         func = _rebuilt.get(key)
-        if func is not None and func.__code__ == code and \
-                (func.__closure__ is None) == (closure is None):
+        if func is not None and func.__code__ == code and func.__globals__ is namespace() \
+                and (func.__closure__ is None) == (closure is None):
             return func
         ns = namespace()
         ns.setdefault("__builtins__", __builtins__)

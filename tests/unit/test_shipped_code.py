@@ -153,3 +153,64 @@ def test_the_tutorials_pasted_call_takes_the_c_pickler(notebook_cell, monkeypatc
     assert not made, "cloudpickle's path was taken"
     back = _torch.rpc_pickler().deserialize(data, tensors)
     assert back.func is MAIN["nb_call_method"] and back.args[0] is MAIN["NbAgent"].select_action
+
+
+def test_a_value_assigned_again_is_a_new_assignment(notebook_cell, tmp_path):
+    # MODE = 1 is the same int object both times; the receiver took MODE = 2 in between
+    notebook_cell("""
+        SCALE = 1
+        def nb_scale(x):
+            return SCALE
+        def nb_items(x):
+            return SCALE
+    """)
+    first = notebook.shipped(MAIN["nb_scale"])
+    notebook_cell("SCALE = 2")
+    other = notebook.shipped(MAIN["nb_items"])
+    notebook_cell("SCALE = 1")
+    again = notebook.shipped(MAIN["nb_scale"])
+    assert again != first
+    assert [r[0] for r in receive(tmp_path, [first, other, again])] == [1, 2, 1]
+
+
+def test_helpers_anywhere_in_the_bytes_are_checked(notebook_cell, tmp_path):
+    notebook_cell("""
+        SCALE = 1000
+        def nb_helper(x):
+            return SCALE
+        def nb_outer(x):
+            return nb_helper(x)
+        def nb_scale(x, h=nb_helper):
+            return h(x)
+        ITEMS = (nb_helper,)
+        def nb_items(x):
+            return ITEMS[0](x)
+    """)
+    callers = [MAIN[name] for name in ("nb_outer", "nb_scale", "nb_items")]
+    before = [notebook.shipped(f) for f in callers]
+    notebook_cell("SCALE = 2000")
+    notebook.shipped(MAIN["nb_helper"])  # the helper shipped alone, with its new global
+    after = [notebook.shipped(f) for f in callers]
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    assert [r[0] for r in receive(tmp_path, before + after)] == [1000] * 3 + [2000] * 3
+    notebook_cell("SCALE = [7]")  # now it can change in place: so can all of them
+    assert [notebook.shipped(f) for f in callers] == [None, None, None]
+
+
+def test_a_function_that_lost_its_bytes_meanwhile_goes_by_value(notebook_cell):
+    # plain() saw it shipped; another thread rebinds its global to a list before pickling
+    notebook_cell("""
+        ITEMS = 3
+        def nb_items(x):
+            return ITEMS
+    """)
+    message = UDF(MAIN["nb_items"], (1,), {})
+    kind = serialize._plainness(message, 0)
+    assert kind & serialize._NOTEBOOK
+    notebook_cell("ITEMS = [1, 2]")
+    assert notebook.shipped(MAIN["nb_items"]) is None
+    with pytest.raises(serialize._Unshipped):  # never pickled by name
+        serialize._serialize_plain(message, kind & serialize._NOTEBOOK)
+    data, tensors = serialize._serialize(None, message)  # cloudpickle's path
+    assert b"load_shipped" not in data
+    assert _torch.rpc_pickler().deserialize(data, tensors).func(1) == [1, 2]
