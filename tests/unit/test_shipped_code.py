@@ -156,7 +156,7 @@ def test_the_tutorials_pasted_call_takes_the_c_pickler(notebook_cell, monkeypatc
 
 
 def test_a_value_assigned_again_is_a_new_assignment(notebook_cell, tmp_path):
-    # MODE = 1 is the same int object both times; the receiver took MODE = 2 in between
+    # SCALE = 1 is the same int object both times; the receiver took SCALE = 2 in between
     notebook_cell("""
         SCALE = 1
         def nb_scale(x):
