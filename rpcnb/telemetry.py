@@ -88,8 +88,23 @@ def timing() -> bool:
     """Whether to time every plain call (``rpc_sync``, ``rpc_async``, ``remote``): while
     someone looks (a channel monitor or the JupyterLab panel subscribed here, or asking
     this member for its calls), or ``RPCNB_CALL_TIMES=1``. Otherwise calls are counted."""
-    return bool(_listeners) or _looked_until > time.monotonic() \
-        or os.environ.get(TIMING_ENV, "") not in ("", "0")
+    return bool(_listeners) or _looked_until > time.monotonic() or _timing_env()
+
+
+# os.environ's own dict (CPython's _Environ keeps the encoded items in it, and setting or
+# deleting a variable through os.environ updates it): read without os.environ.get's
+# encoding, about a microsecond, on every call
+_ENV: Any = getattr(os.environ, "_data", None)
+if _ENV is not None:
+    _ENV_KEY = os.environ.encodekey(TIMING_ENV)  # type: ignore[attr-defined]
+    _ENV_OFF = {os.environ.encodevalue(v) for v in ("", "0")}  # type: ignore[attr-defined]
+
+
+def _timing_env() -> bool:
+    if _ENV is None:
+        return os.environ.get(TIMING_ENV, "") not in ("", "0")
+    value = _ENV.get(_ENV_KEY)
+    return value is not None and value not in _ENV_OFF
 
 
 def subscribe(listener: Any) -> None:

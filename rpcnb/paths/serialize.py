@@ -88,16 +88,15 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
         else pickle.Pickler(f, protocol=PROTOCOL)
     p.dispatch_table = _PLAIN_TABLE
     tables = _TENSOR_TABLES
+    # left as None, not deleted, between messages: getattr of a missing thread-local
+    # attribute raises inside, about a microsecond (torch's own code reads None as absent)
     old = getattr(tables, "send_tables", None)
     tensors: list[Any] = []
     tables.send_tables = tensors
     try:
         p.dump(obj)
     finally:
-        if old is not None:
-            tables.send_tables = old
-        else:
-            del tables.send_tables
+        tables.send_tables = old
     s = state.active()
     if s is None:
         return f.getvalue(), tensors
@@ -113,12 +112,14 @@ class _NotebookCodePickler(pickle.Pickler):
     for objects the C pickler has no fast path for: a plain message holds a handful)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is types.FunctionType and notebook.is_notebook_function(obj):
-            blob = notebook.shipped_form(obj) or notebook.shipped(obj)  # checked by plain
-            if not blob:  # never by name: the receiver would run its own __main__.f
-                raise _Unshipped(obj.__qualname__)
-            return notebook.load_shipped, (blob,)
-        return NotImplemented
+        # every object without a fast path in the C pickler comes here: the test first
+        if type(obj) is not types.FunctionType \
+                or obj.__globals__ is not sys.modules["__main__"].__dict__:
+            return NotImplemented
+        blob = notebook.shipped_form(obj) or notebook.shipped(obj)  # checked by plain
+        if not blob:  # never by name: the receiver would run its own __main__.f
+            raise _Unshipped(obj.__qualname__)
+        return notebook.load_shipped, (blob,)
 
 
 _TENSOR_TABLES: Any = None  # torch's thread-local RPC tensor tables, once installed
@@ -267,7 +268,7 @@ def _load(payload: Any, tensor_table: Any) -> Any:
     BytesIO; a name not found becomes the AttributeError torch's gives (returned, as
     torch does, for the caller to raise on the other side)."""
     tables = _TENSOR_TABLES
-    old = getattr(tables, "recv_tables", None)
+    old = getattr(tables, "recv_tables", None)  # None between messages, as send_tables
     tables.recv_tables = tensor_table
     try:
         return pickle.loads(payload)
@@ -276,10 +277,7 @@ def _load(payload: Any, tensor_table: Any) -> Any:
         err.__cause__ = exc
         return err
     finally:
-        if old is not None:
-            tables.recv_tables = old
-        else:
-            del tables.recv_tables
+        tables.recv_tables = old
 
 
 # torch's words (torch/distributed/rpc/internal.py) for a function not found on the receiver

@@ -323,10 +323,7 @@ def send_tables() -> Iterator[list[Any]]:
     try:
         yield tables.send_tables
     finally:
-        if old is not None:
-            tables.send_tables = old
-        else:
-            del tables.send_tables
+        tables.send_tables = old  # None between messages (torch's code reads it as absent)
 
 
 def patch_serialize(serialize: Callable[[Any, Any], tuple[bytes, list[Any]]],

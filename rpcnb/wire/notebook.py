@@ -341,28 +341,46 @@ def _current(func: Any, form: _Form) -> bool:
     if func.__code__ is not form.code or func.__defaults__ is not form.defaults \
             or func.__closure__ is not None or func.__dict__ \
             or func.__kwdefaults__ is not form.kwdefaults \
-            or func.__annotations__ is not form.annotations \
-            or not _same_items(func.__kwdefaults__, form.kwdefaults_copy) \
-            or not _same_items(func.__annotations__, form.annotations_copy):
+            or func.__annotations__ is not form.annotations:
+        return False
+    if (form.kwdefaults is not None or form.kwdefaults_copy) \
+            and not _same_items(func.__kwdefaults__, form.kwdefaults_copy):
+        return False
+    if (form.annotations or form.annotations_copy) \
+            and not _same_items(func.__annotations__, form.annotations_copy):
         return False
     qualname, name, module, doc = form.attrs
     if func.__qualname__ is not qualname or func.__name__ is not name \
             or func.__module__ is not module or func.__doc__ is not doc:
         return False
-    by_value = by_value_modules()
-    if (by_value or form.by_value) and by_value != form.by_value:
+    if (_BY_VALUE or form.by_value) and _BY_VALUE != form.by_value:
         return False
     g = func.__globals__
     for name, value, tag in zip(form.names, form.values, form.tags, strict=True):
         now = g.get(name, _MISSING)
         if now is not (func if value is _SELF else value):
             return False
-        # the same object may be a later assignment (MODE = 1; MODE = 2; MODE = 1)
-        if tag is not None and _tag_now(name, now) != tag:
+        if tag is None:
+            continue
+        # the same object may be a later assignment (MODE = 1; MODE = 2; MODE = 1):
+        # _tag_now, inlined (this runs for every global of every message)
+        got = _received.get(name)
+        if got is not None and got[1] is now:
+            if got[0] != tag:
+                return False
+            continue
+        own = _own.get(name)
+        if own is None or own[0] is not now or (PROCESS, own[1]) != tag:
             return False
     # the notebook functions inside the bytes (helpers, defaults): the same forms, current
-    return all(_forms.get(inner) is inner_form and inner_form is not None
-               and _current(inner, inner_form) for inner, inner_form in form.inner)
+    for inner, inner_form in form.inner:
+        if inner_form is None or _forms.get(inner) is not inner_form \
+                or not _current(inner, inner_form):
+            return False
+    return True
+
+
+_BY_VALUE = _cp._PICKLE_BY_VALUE_MODULES  # changed in place by register_pickle_by_value
 
 
 def shipped_form(func: Any) -> bytes | None:
