@@ -75,15 +75,22 @@ def is_notebook_function(obj: Any) -> bool:
 # --------------------------------------------------------------------------- sending
 
 
+def _tag_now(name: str, value: Any) -> tuple[str, int] | None:
+    """``_tag(name, value)`` without making one: None where it would be a new assignment."""
+    got = _received.get(name)
+    if got is not None and got[1] is value:
+        return got[0]
+    own = _own.get(name)
+    return (PROCESS, own[1]) if own is not None and own[0] is value else None
+
+
 def _tag(name: str, value: Any) -> tuple[str, int]:
     """Where ``value`` (the global ``name`` here now) was assigned, and which time."""
     with _lock:
-        got = _received.get(name)
-        if got is not None and got[1] is value:
-            return got[0]  # forwarding what we took from elsewhere
+        tag = _tag_now(name, value)  # forwarding what we took from elsewhere, or our own
+        if tag is not None:
+            return tag
         own = _own.get(name)
-        if own is not None and own[0] is value:
-            return (PROCESS, own[1])
         version = own[1] + 1 if own is not None else 1
         _own[name] = (value, version)
         return (PROCESS, version)
@@ -326,15 +333,6 @@ def _same_items(now: dict[str, Any] | None, then: dict[str, Any]) -> bool:
     return len(now) == len(then) and all(now.get(k, _MISSING) is v for k, v in then.items())
 
 
-def _tag_now(name: str, value: Any) -> tuple[str, int] | None:
-    """``_tag(name, value)`` without making one: None where it would be a new assignment."""
-    got = _received.get(name)
-    if got is not None and got[1] is value:
-        return got[0]
-    own = _own.get(name)
-    return (PROCESS, own[1]) if own is not None and own[0] is value else None
-
-
 def _current(func: Any, form: _Form) -> bool:
     """Whether ``func`` would still pickle to the bytes ``form`` was made for (what each
     message pays for a notebook function in it: identity checks and dict lookups)."""
@@ -360,17 +358,8 @@ def _current(func: Any, form: _Form) -> bool:
         now = g.get(name, _MISSING)
         if now is not (func if value is _SELF else value):
             return False
-        if tag is None:
-            continue
-        # the same object may be a later assignment (MODE = 1; MODE = 2; MODE = 1):
-        # _tag_now, inlined (this runs for every global of every message)
-        got = _received.get(name)
-        if got is not None and got[1] is now:
-            if got[0] != tag:
-                return False
-            continue
-        own = _own.get(name)
-        if own is None or own[0] is not now or (PROCESS, own[1]) != tag:
+        # the same object may be a later assignment (MODE = 1; MODE = 2; MODE = 1)
+        if tag is not None and _tag_now(name, now) != tag:
             return False
     # the notebook functions inside the bytes (helpers, defaults): the same forms, current
     for inner, inner_form in form.inner:
