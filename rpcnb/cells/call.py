@@ -5,9 +5,6 @@ errors, and interrupt them when the notebook is interrupted or ``timeout`` passe
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import os
 import queue
 import re
@@ -16,10 +13,10 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rpcnb import errors, machine, progress, telemetry
+from rpcnb.cells import profiles
 from rpcnb.cells.output import Printer, large
 from rpcnb.errors import RemoteError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.paths import zerocopy
@@ -79,7 +76,7 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         profile: run the cell under ``torch.profiler`` on each worker (``%%remote
             --profile``): each worker's top operators are printed, and its Chrome/Perfetto
             trace is written on this host (with several workers, also one file with all
-            of them on one timeline); ``rpcnb.cells.call.profiles_dir`` says where.
+            of them on one timeline); ``rpcnb.cells.profiles.folder`` says where.
 
     Returns:
         An RRef to the last expression's value (None if there is none), the value itself
@@ -123,52 +120,8 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
         sent.forget(s)
     _collective_timeouts(s, sent, names)
     if profile:
-        show_profiles(sent)
+        profiles.show({c.worker: c.profile for c in sent.calls.values() if c.profile})
     return sent.outcome(many or local)
-
-
-PROFILES = "rpcnb-profiles"  # under the working directory, unless RPCNB_PROFILE_DIR says
-_profiled = itertools.count(1)
-
-
-def profiles_dir() -> Path:
-    """Where ``--profile`` writes its traces (``$RPCNB_PROFILE_DIR``, else
-    ``./rpcnb-profiles``)."""
-    return Path(os.environ.get("RPCNB_PROFILE_DIR") or PROFILES).absolute()
-
-
-def show_profiles(sent: Sent) -> list[Path]:
-    """Print each worker's top operators and write its trace; with several workers, also
-    one trace of them all (each worker a process of its own on one timeline). The paths."""
-    found = {c.worker: c.profile for c in sent.calls.values() if c.profile}
-    if not found:
-        return []
-    folder = profiles_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_profiled)}"
-    folder.mkdir(parents=True, exist_ok=True)
-    paths, events = [], []
-    for worker, prof in sorted(found.items()):
-        path = folder / f"{worker}.json"
-        path.write_bytes(prof["trace"])
-        paths.append(path)
-        try:
-            trace = json.loads(prof["trace"])
-            for ev in trace.get("traceEvents", []):
-                if ev.get("ph") == "M" and ev.get("name") == "process_name":
-                    ev.setdefault("args", {})["name"] = worker
-            events.append((worker, trace))
-        except ValueError:
-            pass
-        print(f"[{worker}] top operators ({'CUDA' if prof.get('cuda') else 'CPU'} self "
-              f"time):\n{prof['table'].rstrip()}\n[{worker}] trace: {path}")
-    if len(events) > 1:
-        merged = {"traceEvents": [ev for _, t in events for ev in t.get("traceEvents", [])],
-                  "displayTimeUnit": "ms"}
-        both = folder / "all.json"
-        both.write_text(json.dumps(merged))
-        paths.append(both)
-        print(f"all workers on one timeline: {both} (open it in https://ui.perfetto.dev or "
-              "chrome://tracing)")
-    return paths
 
 
 # a collective's own time limit, as gloo and NCCL say it
@@ -348,6 +301,9 @@ def _settle_collectives(s: Session) -> None:
     _reform(s)
 
 
+_NO_ITEMS: list[Any] = []  # a "__done__" message's items (never read)
+
+
 def send(s: Session, names: list[str], source: str, fetch: bool,
          push: dict[str, Any] | None, zero_copy: bool = True, profile: bool = False) -> Sent:
     """Send the cell to each of ``names``; their output goes to the returned ``Sent``
@@ -357,27 +313,35 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
     # of a no-op cell's round trip in paired runs (docs/benchmarks.md)
     sent = Sent({}, queue.SimpleQueue(), telemetry.now(), time.perf_counter(),
                 transfers=progress.Transfers(progress.large_transfer(s.one_host)))
-    pushed = progress.payload_bytes(list((push or {}).values()),
-                                    free=zerocopy.by_handle if zero_copy else None)
+    # a cell without --push (most) skips the walk over its values
+    pushed = progress.payload_bytes(list(push.values()), free=zerocopy.by_handle
+                                    if zero_copy else None) if push else 0
+    # run_cell's zero_copy and profile, when not the defaults
+    extra: tuple[bool, ...] = (zero_copy, True) if profile else (() if zero_copy else (False,))
+    inbox = sent.inbox
     try:
         for name in names:
-            sent.transfers.start(name, f"--push to {name}:", pushed)
-            call = Call(os.urandom(16).hex(), name, sent.inbox)  # uuid4's bits, no UUID
+            if pushed:
+                sent.transfers.start(name, f"--push to {name}:", pushed)
+            call = Call(os.urandom(16).hex(), name, inbox)  # uuid4's bits, no UUID
+            cid = call.call_id
             with s.lock:
-                s.calls[call.call_id] = call
-            sent.calls[call.call_id] = call
-            # run_cell's zero_copy and profile, when not the defaults
-            extra: tuple[bool, ...] = (zero_copy, True) if profile else \
-                (() if zero_copy else (False,))
+                s.calls[cid] = call
+            sent.calls[cid] = call
             try:
-                with contextlib.nullcontext() if zero_copy else zerocopy.copying():
+                if zero_copy:
                     call.future = protocol.call_async(
-                        s.token, name, "run_cell", call.call_id, s.name, source, fetch,
+                        s.token, name, "run_cell", cid, s.name, source, fetch,
                         dict(push or {}), *extra, timeout=0)
+                else:
+                    with zerocopy.copying():
+                        call.future = protocol.call_async(
+                            s.token, name, "run_cell", cid, s.name, source, fetch,
+                            dict(push or {}), *extra, timeout=0)
             except Exception as exc:  # it could not be pickled: nothing was sent
                 raise _push_error(push or {}, exc) from exc
             call.future.add_done_callback(
-                lambda _f, cid=call.call_id: sent.inbox.put(("__done__", cid, -1, [])))
+                lambda _f, cid=cid: inbox.put(("__done__", cid, -1, _NO_ITEMS)))
     except BaseException:
         sent.transfers.close(ok=False)
         sent.forget(s)
@@ -479,7 +443,9 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
                     if not call.done:
                         _check_call(s, call)
                 if all(c.done for c in calls.values()):
-                    drain()
+                    # the cell sent no output, or all of it has been shown: nothing to drain
+                    if not inbox.empty() or any(c.next_seq < c.outputs for c in calls.values()):
+                        drain()
                     break
                 now = time.monotonic()
                 if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
@@ -499,7 +465,8 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
                 interrupted_at = time.monotonic()
                 interrupt_all()
     finally:
-        sent.transfers.close(ok=all(c.done and c.error is None for c in calls.values()))
+        if sent.transfers.open:
+            sent.transfers.close(ok=all(c.done and c.error is None for c in calls.values()))
         printer.finish()
         if printer.large:  # printed and flushed: give the memory back (docs: load)
             machine.give_back_memory(min_interval=0)

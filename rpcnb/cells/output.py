@@ -134,6 +134,10 @@ class Capture:
         time the bytes still on their way take at the floor rate); returns the batch
         count."""
         with self._lock:
+            # a cell that wrote nothing (most): no batch was taken (a flush under way on
+            # the flusher thread counts its batch first), so none is left to wait for
+            if not self._items and not self._seq:
+                return 0
             self._items = [item for item in self._items if item[0] != "progress"]
         self.flush()
         pending = sum(n for fut, n in self._futures if not fut.done())

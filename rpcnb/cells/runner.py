@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import dataclasses
 import linecache
+import operator
 import os
 import queue
 import re
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnb import errors, progress
-from rpcnb.cells import comms
+from rpcnb.cells import comms, profiles
 from rpcnb.cells.output import Capture, router
 from rpcnb.paths import shm, ucx, zerocopy
 from rpcnb.session import protocol, state
@@ -45,6 +47,13 @@ class CellResult:
     outputs: int = 0  # number of output batches sent before this result
     copy_tensors: bool = False  # the call said zero_copy=False: pickled under copying()
     profile: dict[str, Any] | None = None  # with --profile: {"table": str, "trace": bytes}
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # its fields in order, not a dict of them: half the bytes, and loaded by one call
+        return CellResult, _cell_result_fields(self)
+
+
+_cell_result_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(CellResult)))
 
 
 @dataclass
@@ -152,7 +161,7 @@ class CellRunner:
                 self._current = job
             try:
                 if job.profile:
-                    result, found = profiled(lambda: self._execute(job))
+                    result, found = profiles.profiled(lambda: self._execute(job))
                 else:
                     result, found = self._execute(job), None
             finally:
@@ -210,31 +219,6 @@ def _by_handle(job: Job) -> Any:
     return zerocopy.by_handle if job.zero_copy else None
 
 
-PROFILE_ROWS = 12  # operators in a --profile table
-
-
-def profiled(run: Any) -> tuple[Any, dict[str, Any]]:
-    """``run()`` under ``torch.profiler`` (the CPU, and CUDA where there is one): its
-    result, and the profile: the top operators by self time, as a table, and the Chrome /
-    Perfetto trace's bytes (sent back to the caller, which keeps the file)."""
-    import tempfile
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(ProfilerActivity.CUDA)
-    with profile(activities=acts) as prof:
-        result = run()
-    sort = "self_cuda_time_total" if ProfilerActivity.CUDA in acts else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=PROFILE_ROWS)
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = open(f.name, "rb").read()
-    return result, {"table": table, "trace": trace, "cuda": ProfilerActivity.CUDA in acts}
-
-
 def make_rref(me: str, value: Any) -> Any:
     """An RRef owned here. A tensor RRef made by rpc.RRef() is fetched by TorchScript's
     pickler, which rpcnb cannot route; a large CPU tensor is wrapped in a Python-object
@@ -269,7 +253,9 @@ def plain_python(source: str) -> bool:
 
 def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
     """Execute a cell; return (value of the last expression, whether there was one)."""
-    if shell is not None and not plain_python(source):
+    # a source run before as it is (a loop of the same cell) is known to be plain Python:
+    # the cache holds sources as they ran, after IPython's transforms
+    if shell is not None and source not in _CODE and not plain_python(source):
         source = shell.transform_cell(source)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     body, last = _compiled(source, filename)
@@ -289,7 +275,8 @@ def _compiled(source: str, filename: str) -> tuple[Any, Any]:
     renamed after the new cell (tracebacks name the cell that ran)."""
     kept = _CODE.get(source)
     if kept is not None:
-        return tuple(None if c is None else _renamed(c, filename) for c in kept)  # type: ignore[return-value]
+        body, last = kept
+        return _renamed(body, filename), None if last is None else _renamed(last, filename)
     tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";"):
@@ -307,9 +294,11 @@ def _compiled(source: str, filename: str) -> tuple[Any, Any]:
 def _renamed(code: Any, filename: str) -> Any:
     if code.co_filename == filename:
         return code
-    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c
-                   for c in code.co_consts)
-    return code.replace(co_filename=filename, co_consts=consts)
+    consts = code.co_consts
+    if any(type(c) is types.CodeType for c in consts):  # functions, classes, comprehensions
+        return code.replace(co_filename=filename, co_consts=tuple(
+            _renamed(c, filename) if type(c) is types.CodeType else c for c in consts))
+    return code.replace(co_filename=filename)
 
 
 def safe_str(exc: BaseException) -> str:

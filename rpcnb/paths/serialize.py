@@ -173,16 +173,16 @@ def _plainness(obj: Any, depth: int) -> int:
         return _function(obj)
     if cls in _RREFS:  # an RRef is forked by torch's reducer, in the plain table
         return _NEEDS_TABLE
-    if cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls):
-        # rpcnb's own messages (a remote cell's result): by reference to their class, as
-        # cloudpickle does; one that asks its tensors to be copied takes the full path
-        if getattr(obj, "copy_tensors", False):
+    names = _FIELDS.get(cls)
+    if names is None:
+        if not (cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls)):
             return _NOT_PLAIN
-        names = _FIELDS.get(cls)
-        if names is None:
-            names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
-        return _all_plain([getattr(obj, name) for name in names], depth)
-    return _NOT_PLAIN
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    # rpcnb's own messages (a remote cell's result): by reference to their class, as
+    # cloudpickle does; one that asks its tensors to be copied takes the full path
+    if getattr(obj, "copy_tensors", False):
+        return _NOT_PLAIN
+    return _all_plain([getattr(obj, name) for name in names], depth)
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}  # rpcnb's message classes -> their fields' names

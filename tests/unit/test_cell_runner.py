@@ -1,0 +1,72 @@
+"""Where a remote cell runs (rpcnb.cells.runner), without a group: a cell run again is
+taken from the code cache, with IPython's syntax still honoured and its traceback naming
+the cell that ran; a cell's result reads back the same after pickling, every field.
+
+The shell is IPython's real one; the pickler is torch's RPC pickler with rpcnb's hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("IPython")
+
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+from rpcnb.cells import runner  # noqa: E402
+from rpcnb.cells.runner import CellResult  # noqa: E402
+
+
+@pytest.fixture
+def shell():
+    sh = InteractiveShell.instance()
+    yield sh
+    sh.user_ns.pop("said", None)
+
+
+def test_a_cell_with_ipython_syntax_run_again_still_runs_as_ipython(shell):
+    ns = shell.user_ns
+    cell = "said = !echo hello $n\nlen(said)"
+    for i in range(3):  # the first run parses and compiles it; the others take the cache
+        ns["n"] = i
+        value, has_value = runner.run_source(cell, f"<w cell {i}>", ns, shell)
+        assert list(ns["said"]) == [f"hello {i}"] and (value, has_value) == (1, True)
+    # plain Python run again (the cache's shortcut past IPython's transforms)
+    for i in range(2):
+        assert runner.run_source("n * 2", f"<w cell {i + 3}>", ns, shell) == (4, True)
+
+
+def test_a_cell_run_again_names_itself_in_its_traceback(shell):
+    cell = "def f(x):\n    return 1 / x\nf(0)"
+    for i in (1, 2):
+        filename = f"<worker1 cell {i}>"
+        with pytest.raises(ZeroDivisionError) as caught:
+            runner.run_source(cell, filename, shell.user_ns, shell)
+        tb = runner.format_exception(caught.value, filename)
+        # the function made by the cell, too, names the run it was made in
+        assert f'File "{filename}", line 3' in tb and f'File "{filename}", line 2, in f' in tb
+        other = "<worker1 cell 2>" if i == 1 else "<worker1 cell 1>"
+        assert other not in tb
+
+
+def test_a_cells_result_reads_back_the_same_after_pickling():
+    value = {"loss": torch.arange(6.0).reshape(2, 3), "step": 7}
+    # (an RRef needs a group: a stand-in value in its field; tests/kernel carry real ones)
+    result = CellResult("worker1", False, "rref", value, True, "ValueError", "bad", "tb", 0.25,
+                        4, True, {"table": "t", "trace": b"{}", "cuda": False})
+    for name in (f.name for f in dataclasses.fields(CellResult)):  # every field set
+        assert getattr(result, name) != getattr(CellResult("w", True), name), name
+    back = pickle.loads(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+    assert torch.equal(back.value.pop("loss"), value.pop("loss"))
+    assert back == result
+    from rpcnb.wire import _torch
+
+    rpc_pickler = _torch.rpc_pickler()
+    ok = CellResult("worker1", True, value=torch.ones(3), has_value=True, duration=0.5)
+    again = rpc_pickler.deserialize(*rpc_pickler.serialize(ok))
+    assert type(again) is CellResult and again.ok and again.has_value
+    assert torch.equal(again.value, ok.value) and again.duration == 0.5
