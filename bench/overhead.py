@@ -15,7 +15,9 @@ all its calls, and the ratio is rpcnb / torch.
 
 The rpcnb driver also times what only rpcnb has, against what a user would compare it
 with: ``rpcnb.run(worker, "None")`` against a raw ``rpc_sync`` of a no-op in the torch-only
-group (in turns too) and against a Ray actor call (when Ray is installed: ``make
+group (in turns too), against a raw ``rpc_sync`` in its own group call by call (the two
+one right after the other, so both meet the same moment of a noisy machine), and against a
+Ray actor call (when Ray is installed: ``make
 bench-ray``; skipped with a message otherwise), large tensors to builtins against the same
 to a Python function, ``share_memory_()`` tensors sent by handle, and ``--push x --fetch``
 of 100 MB (``rpcnb.run(..., push=, fetch=True)``) against a memcpy.
@@ -51,6 +53,7 @@ TARGETS = [
     ("remote().to_here()", "rpcnb", "torch", 1.05),
     ("rpc_sync method via RRef", "rpcnb", "torch", 1.05),
     ("rpcnb.run no-op", "rpcnb", "torch rpc_sync python fn", 1.2),
+    ("rpcnb.run no-op, paired", "rpcnb", "rpc_sync python fn, paired", 1.2),
     ("100 MB to builtin", "rpcnb", "100 MB to python fn", 1.2),
     ("push+fetch 100 MB", "rpcnb", "memcpy 100 MB", 1.5),
 ]
@@ -58,6 +61,7 @@ TARGETS = [
 DRIVER = r"""
 import json, os, sys, time
 mode = sys.argv[1]
+PAIRED = "rpcnb.run no-op, paired"
 os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 import torch
 import torch.distributed.rpc as rpc
@@ -107,10 +111,21 @@ if mode == "rpcnb":
         rows[f"shared {size} MB to python fn"] = lambda t=t: rpc.rpc_sync("worker1", consume, args=(t,))
         rows[f"shared {size} MB to builtin"] = lambda t=t: rpc.rpc_sync("worker1", torch.numel, args=(t,))
 print("READY", flush=True)
+def paired():  # a raw rpc_sync and a no-op cell, one right after the other: [raw s, cell s]
+    t0 = time.perf_counter()
+    rpc.rpc_sync("worker1", noop)
+    t1 = time.perf_counter()
+    rpcnb.run("worker1", "None", fetch=True)
+    return [t1 - t0, time.perf_counter() - t1]
 for line in sys.stdin:  # {"row": ..., "n": ..., "warm": ...}: time n calls, print them
     ask = json.loads(line)
     if ask.get("quit"):
         break
+    if ask["row"] == PAIRED:
+        for _ in range(ask["warm"]):
+            paired()
+        print("TIMES " + json.dumps([paired() for _ in range(ask["n"])]), flush=True)
+        continue
     fn = rows[ask["row"]]
     for _ in range(ask["warm"]):
         fn()
@@ -133,7 +148,9 @@ else:
 RPCNB_ONLY = {"rpcnb.run no-op": 1, "100 MB to python fn": 30, "100 MB to builtin": 30,
               "shared 1 MB to python fn": 30, "shared 1 MB to builtin": 30,
               "shared 512 MB to python fn": 30, "shared 512 MB to builtin": 30,
-              "memcpy 100 MB": 30, "push+fetch 100 MB": 30}
+              "memcpy 100 MB": 30, "push+fetch 100 MB": 30,
+              "rpc_sync python fn, paired": 1, "rpcnb.run no-op, paired": 1}
+PAIRED, PAIRED_RAW = "rpcnb.run no-op, paired", "rpc_sync python fn, paired"
 BOTH = ["rpc_sync python fn", "rpc_sync python fn, 16 floats", "rpc_sync builtin torch.add",
         "rpc_async python fn", "remote().to_here()", "rpc_sync method via RRef"]
 
@@ -184,11 +201,13 @@ class Driver:
             self.seen.append(line)
         raise RuntimeError(f"{self.proc.args[3:]} stopped:\n{''.join(self.seen[-60:])}")
 
-    def batch(self, row: str, n: int, warm: int) -> list[float]:
+    def batch(self, row: str, n: int, warm: int) -> list[Any]:
+        """``n`` calls' times in ms (for ``PAIRED``: ``[raw, cell]`` pairs)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"row": row, "n": n, "warm": warm}) + "\n")
         self.proc.stdin.flush()
-        return [t * 1e3 for t in json.loads(self._until("TIMES ")[6:])]
+        return [[x * 1e3 for x in t] if isinstance(t, list) else t * 1e3
+                for t in json.loads(self._until("TIMES ")[6:])]
 
     def close(self) -> None:
         try:
@@ -240,6 +259,11 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
             if ray:
                 times["ray"].setdefault("ray actor call", []).extend(
                     drivers["ray"].batch("", calls, 20))
+            # the same cell against a raw rpc_sync in its own group, call by call: both
+            # meet the same moment of this VM (the rows above are minutes of batches apart)
+            for raw, cell in drivers["rpcnb"].batch(PAIRED, calls, 20):
+                times["rpcnb"].setdefault(PAIRED_RAW, []).append(raw)
+                times["rpcnb"].setdefault(PAIRED, []).append(cell)
         if ray:
             drivers.pop("ray").close()
         for row, share in RPCNB_ONLY.items():
