@@ -49,7 +49,9 @@ class CellResult:
     profile: dict[str, Any] | None = None  # with --profile: {"table": str, "trace": bytes}
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # its fields in order, not a dict of them: half the bytes, and loaded by one call
+        # its fields in order, not a dict of them: half the bytes, and loaded by one call.
+        # Members of a group share rendezvous.PROTOCOL: a change of the fields' number or
+        # order changes what travels, and needs it raised (tests/unit/test_cell_runner.py)
         return CellResult, _cell_result_fields(self)
 
 
@@ -253,9 +255,7 @@ def plain_python(source: str) -> bool:
 
 def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
     """Execute a cell; return (value of the last expression, whether there was one)."""
-    # a source run before as it is (a loop of the same cell) is known to be plain Python:
-    # the cache holds sources as they ran, after IPython's transforms
-    if shell is not None and source not in _CODE and not plain_python(source):
+    if shell is not None and not plain_python(source):
         source = shell.transform_cell(source)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     body, last = _compiled(source, filename)
