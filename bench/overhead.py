@@ -144,13 +144,15 @@ else:
     shutil.rmtree(os.path.dirname(store), ignore_errors=True)
 """
 
+# the no-op cell and a raw rpc_sync, call by call (the driver names the first, as DRIVER says)
+PAIRED, PAIRED_RAW = "rpcnb.run no-op, paired", "rpc_sync python fn, paired"
+assert f'PAIRED = "{PAIRED}"' in DRIVER
+
 # rows only the rpcnb driver has, and how many calls a batch of each makes (of ``calls``)
 RPCNB_ONLY = {"rpcnb.run no-op": 1, "100 MB to python fn": 30, "100 MB to builtin": 30,
               "shared 1 MB to python fn": 30, "shared 1 MB to builtin": 30,
               "shared 512 MB to python fn": 30, "shared 512 MB to builtin": 30,
-              "memcpy 100 MB": 30, "push+fetch 100 MB": 30,
-              "rpc_sync python fn, paired": 1, "rpcnb.run no-op, paired": 1}
-PAIRED, PAIRED_RAW = "rpcnb.run no-op, paired", "rpc_sync python fn, paired"
+              "memcpy 100 MB": 30, "push+fetch 100 MB": 30, PAIRED_RAW: 1, PAIRED: 1}
 BOTH = ["rpc_sync python fn", "rpc_sync python fn, 16 floats", "rpc_sync builtin torch.add",
         "rpc_async python fn", "remote().to_here()", "rpc_sync method via RRef"]
 

@@ -5,6 +5,7 @@ errors, and interrupt them when the notebook is interrupted or ``timeout`` passe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -302,6 +303,7 @@ def _settle_collectives(s: Session) -> None:
 
 
 _NO_ITEMS: list[Any] = []  # a "__done__" message's items (never read)
+_AS_IS = contextlib.nullcontext()  # reusable: no context made per call where none is needed
 
 
 def send(s: Session, names: list[str], source: str, fetch: bool,
@@ -329,15 +331,10 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
                 s.calls[cid] = call
             sent.calls[cid] = call
             try:
-                if zero_copy:
+                with _AS_IS if zero_copy else zerocopy.copying():
                     call.future = protocol.call_async(
                         s.token, name, "run_cell", cid, s.name, source, fetch,
                         dict(push or {}), *extra, timeout=0)
-                else:
-                    with zerocopy.copying():
-                        call.future = protocol.call_async(
-                            s.token, name, "run_cell", cid, s.name, source, fetch,
-                            dict(push or {}), *extra, timeout=0)
             except Exception as exc:  # it could not be pickled: nothing was sent
                 raise _push_error(push or {}, exc) from exc
             call.future.add_done_callback(
@@ -417,11 +414,9 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
         # inbox by now; a batch still missing (its delivery timed out) gets 2 s more.
         late = time.monotonic() + 2
         while True:
-            try:
+            if not inbox.empty():  # this thread alone takes from it: the get cannot wait
                 render(inbox.get_nowait())
                 continue
-            except queue.Empty:
-                pass
             if all(c.next_seq >= c.outputs for c in calls.values()) or time.monotonic() > late:
                 return
             try:
@@ -443,9 +438,7 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
                     if not call.done:
                         _check_call(s, call)
                 if all(c.done for c in calls.values()):
-                    # the cell sent no output, or all of it has been shown: nothing to drain
-                    if not inbox.empty() or any(c.next_seq < c.outputs for c in calls.values()):
-                        drain()
+                    drain()
                     break
                 now = time.monotonic()
                 if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:

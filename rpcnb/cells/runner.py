@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import ctypes
-import dataclasses
 import linecache
 import operator
 import os
@@ -21,7 +20,7 @@ import threading
 import time
 import traceback
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rpcnb import errors, progress
@@ -55,7 +54,7 @@ class CellResult:
         return CellResult, _cell_result_fields(self)
 
 
-_cell_result_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(CellResult)))
+_cell_result_fields = operator.attrgetter(*(f.name for f in fields(CellResult)))
 
 
 @dataclass

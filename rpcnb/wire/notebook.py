@@ -64,7 +64,10 @@ def namespace() -> dict[str, Any]:
 def by_value_modules() -> set[str]:
     """The modules the user asked cloudpickle to ship by value
     (``cloudpickle.register_pickle_by_value``): their functions never go by name."""
-    return _cp._PICKLE_BY_VALUE_MODULES  # type: ignore[no-any-return]
+    return _BY_VALUE  # type: ignore[no-any-return]
+
+
+_BY_VALUE = _cp._PICKLE_BY_VALUE_MODULES  # changed in place by register_pickle_by_value
 
 
 def is_notebook_function(obj: Any) -> bool:
@@ -367,9 +370,6 @@ def _current(func: Any, form: _Form) -> bool:
                 or not _current(inner, inner_form):
             return False
     return True
-
-
-_BY_VALUE = _cp._PICKLE_BY_VALUE_MODULES  # changed in place by register_pickle_by_value
 
 
 def shipped_form(func: Any) -> bytes | None:
