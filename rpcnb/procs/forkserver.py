@@ -7,7 +7,7 @@ preload modules): the kernel names the worker's module, whose ``main(argv, secre
 forked child runs, so this layer imports nothing above it.
 
 The kernel starts it (``rpcnb.procs.launch.Launcher``) as ``python -c "from
-rpcnb.procs.forkserver import main; main('rpcnb.worker')"`` in a session of its own, and
+rpcnb.procs.forkserver import main; main('rpcnb.worker')"`` in a process group of its own, and
 talks to it only through the two pipes on its stdin and stdout: nothing listens, and no
 other process can ask it for anything. Requests and answers are JSON lines:
 
@@ -94,7 +94,14 @@ def _become_worker(program: str, req: dict[str, Any], wake: tuple[int, int]) -> 
     """In the forked child: a worker's process, as if ``rpcnb.procs.launch`` had exec'd it."""
     code = 1
     try:
-        os.setsid()  # a kernel interrupt (its process group) does not reach it
+        # A process group of its own: a kernel interrupt (SIGINT to the kernel's group)
+        # does not reach it. Not a session of its own: Linux's scheduler gives each session
+        # an equal share of the CPU (autogroup), and a worker in one of its own is
+        # scheduled as a separate program from the kernel and its peers, which made a
+        # CPU-bound RPC program 1.15-1.2x slower than the same processes in one session on
+        # two cores (docs/benchmarks.md). mp.spawn and torchrun keep their workers in the
+        # caller's session too.
+        os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
         for fd in wake:
             os.close(fd)

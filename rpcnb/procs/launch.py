@@ -1,11 +1,12 @@
 """How worker processes come to exist: forked by this kernel's warm launcher.
 
 The first ``%rpc_init --workers N`` starts the launcher (``rpcnb.procs.forkserver``: a Python
-that imports torch and rpcnb's worker once, in a session of its own) before the kernel
+that imports torch and rpcnb's worker once, in a process group of its own) before the kernel
 imports torch itself, so the two imports overlap; it stays after ``%rpc_shutdown``, so a
 later group, ``--add`` and ``%rpc_restart`` get workers forked in a fraction of a second.
-Each worker is ``rpcnb.worker.main()`` in its own session (so a kernel interrupt is not
-also delivered to it), with stdout and stderr in a log file under the group's directory.
+Each worker is ``rpcnb.worker.main()`` in a process group of its own (so a kernel interrupt
+is not also delivered to it) but in the kernel's session (``processes.own_group``), with
+stdout and stderr in a log file under the group's directory.
 The launcher talks to this process only through its pipes, ends when this process ends
 (``stop_launcher`` at exit, or its pipe closing when this process is killed), and its
 workers end with it. Facts about processes (liveness, descendants, memory) are
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpcnb.procs import processes
 from rpcnb.procs.processes import is_stopped, pid_alive
 
 # Environment every rpcnb process gets unless the user set it already.
@@ -127,8 +129,8 @@ def _watch_orphans(orphans: list[ForkedProcess]) -> None:
 
 
 class Launcher:
-    """This process's warm launcher (``rpcnb.procs.forkserver``): a Python in a session of its
-    own that has imported torch, forking workers on request. It is reached only through
+    """This process's warm launcher (``rpcnb.procs.forkserver``): a Python in a process group
+    of its own that has imported torch, forking workers on request. It is reached only through
     its pipes; a thread reads its answers and the exits of its workers."""
 
     def __init__(self) -> None:
@@ -138,7 +140,7 @@ class Launcher:
         self._err = tempfile.TemporaryFile(prefix="rpcnb-launcher-")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER_CMD], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._err, env=env, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=self._err, env=env, **processes.own_group())
         self.pid = self.proc.pid
         self.facts: dict[str, Any] = {}  # what it said when it was ready
         self.forked = 0  # workers it started
@@ -362,7 +364,7 @@ def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir:
                  options: dict[str, Any], secret: str,
                  env: dict[str, str] | None = None) -> LocalWorker:
     """Start worker ``name``: ``rpcnb.worker.main()`` forked by this process's launcher,
-    in a session of its own, with ``env`` added to this process's environment."""
+    in a process group of its own, with ``env`` added to this process's environment."""
     env = apply_quiet_env(dict(os.environ, **(env or {})))
     env["PYTHONUNBUFFERED"] = "1"
     log_path = group_dir / f"{name}.log"

@@ -1,11 +1,14 @@
 """Facts about processes, and stopping them by pid: whether one runs, whether it is
 stopped, its descendants, its resident memory. They come from psutil, which reads them
-the same way on every Linux (and beyond), so nothing in rpcnb parses /proc for them."""
+the same way on every Linux (and beyond), so nothing in rpcnb parses /proc for them.
+``own_group`` is how rpcnb starts a child that must not get a kernel's interrupt."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+from typing import Any
 
 import psutil
 
@@ -53,3 +56,15 @@ def rss_bytes(pid: int | None = None) -> int:
         return int(psutil.Process(pid).memory_info().rss)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return 0
+
+
+def own_group() -> dict[str, Any]:
+    """``subprocess.Popen`` arguments that start a child in a process group of its own but
+    in this process's session. A Jupyter kernel's interrupt is a SIGINT to the kernel's
+    process group: it does not reach the child. The session is kept because Linux's
+    scheduler shares the CPU between sessions (autogroup): a child in a session of its own
+    (``start_new_session``) is scheduled as another program, and the kernel and its workers
+    then run slower together on a busy machine (docs/benchmarks.md)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10

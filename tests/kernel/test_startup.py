@@ -86,6 +86,30 @@ def test_the_launcher_is_fork_safe_and_keeps_the_secret_off_command_lines(kernel
     kernel.execute("%rpc_shutdown")
 
 
+def test_a_kernel_interrupt_misses_the_workers_which_share_its_session(kernel):
+    """Jupyter interrupts a kernel with a SIGINT to the kernel's process group: the
+    launcher and each worker are in a group of their own, so it reaches none of them. They
+    stay in the kernel's session: Linux's scheduler shares the CPU between sessions
+    (autogroup), and workers in sessions of their own ran a CPU-bound RPC program 1.2x
+    slower on two cores (docs/benchmarks.md)."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2")
+    kernel.execute("%%remote --all\nkept = 41")
+    members = worker_pids(kernel)
+    ours = [launcher_pid(kernel), members["worker1"], members["worker2"]]
+    group = os.getpgid(kernel.pid)
+    assert group != os.getpgid(0)  # the kernel's own group, not pytest's
+    for pid in ours:
+        assert os.getsid(pid) == os.getsid(kernel.pid), pid
+        assert os.getpgid(pid) == pid, pid  # a group of its own
+    os.killpg(group, signal.SIGINT)  # what jupyter_client's interrupt_kernel sends
+    time.sleep(1.0)
+    assert all(pid_alive(pid) for pid in ours)
+    for name in ("worker1", "worker2"):
+        assert kernel.execute(f"%%remote {name} --fetch\nkept + 1").text == "42"
+    kernel.execute("%rpc_shutdown")
+
+
 def _ends_with_the_kernel(kernel_factory, how: str) -> None:
     k = kernel_factory()
     k.execute("%load_ext rpcnb")
