@@ -15,6 +15,10 @@ ALREADY_INITIALIZED = (
     "then %rpc_init again."
 )
 UNKNOWN_WORKER = "There is no worker {name!r} in the group; known workers: {known}. Check %rpc_workers."
+BAD_TARGET = (
+    "A worker is named by its name: got {got} ({kind}){hint}. Give 'worker1', 'worker1,worker2', "
+    "a list of names, or rpcnb.ALL; %rpc_workers lists the names."
+)
 NO_WORKERS = "The group has no workers besides this one: start some with %rpc_init --workers N."
 EMPTY_CELL = "The cell is empty: write the code to run on {target} below the %%remote line."
 NAME_TAKEN = (

@@ -127,7 +127,7 @@ def refresh(s: Session) -> None:
 
 
 def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], bool]:
-    """Worker names for ``target`` ('w1', 'w1,w2', a list, or ALL); and whether the
+    """Worker names for ``target`` ('w1', 'w1,w2', a list, torch's WorkerInfo, or ALL); and whether the
     result is a dict (several targets named)."""
     if type(target) is str and "," not in target and target != ALL:
         m = s.members.get(target)  # one admitted member, alive: every cell to one worker
@@ -142,9 +142,11 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     if isinstance(target, str):
         parts = [p.strip() for p in target.split(",")]
         many = "," in target
-    else:
-        parts = [str(p).strip() for p in target]
+    elif isinstance(target, (list, tuple, set, frozenset)):
+        parts = [_name_of(s, p).strip() for p in target]
         many = True
+    else:
+        parts, many = [_name_of(s, target)], False  # one name, or torch's WorkerInfo
     names = []
     for p in parts:
         if not p:
@@ -160,6 +162,22 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     if not names:
         raise RpcnbError(errors.UNKNOWN_WORKER.format(name=str(target), known=", ".join(live)))
     return names, many
+
+
+def _name_of(s: Session, item: Any) -> str:
+    """A member's name given as a name or a torch ``WorkerInfo``; anything else is an error
+    that says what to give instead (a rank: the name of the member that has it)."""
+    if isinstance(item, str):
+        return item
+    name = getattr(item, "name", None)
+    if isinstance(name, str):
+        return name
+    hint = ""
+    if type(item) is int:
+        ranked = [n for n, r in s.admitted() if r == item]
+        hint = f" (rank {item} is {ranked[0]!r})" if ranked else ""
+    raise RpcnbError(errors.BAD_TARGET.format(got=repr(item), kind=type(item).__name__,
+                                              hint=hint))
 
 
 # --------------------------------------------------------------------------- partitions

@@ -427,6 +427,14 @@ def test_bad_input_gets_one_clear_sentence(group):
         assert out.traceback.startswith("UsageError: "), (code, out.traceback)
         assert sentence in out.traceback, (code, out.traceback)
     assert group.execute("%%remote worker1 --fetch\n'still fine'").text == "'still fine'"
+    # the Python API: a rank is not a name (it says which name has it); torch's WorkerInfo is
+    group.execute("import rpcnb, torch.distributed.rpc as rpc")
+    for code, sentence in {"rpcnb.run(1, '1')": "got 1 (int) (rank 1 is 'worker1')",
+                           "rpcnb.run([2.5], '1')": "got 2.5 (float)"}.items():
+        out = group.execute(code, allow_error=True)
+        assert "RpcnbError: A worker is named by its name" in out.traceback, (code, out.traceback)
+        assert sentence in out.traceback and "%rpc_workers lists" in out.traceback, out.traceback
+    assert group.value("rpcnb.run(rpc.get_worker_info('worker2'), '40 + 2', fetch=True)") == 42
 
 
 def test_magics_need_a_group_first(kernel):
