@@ -127,6 +127,7 @@ _PLAIN_TABLE: dict[Any, Any] = {}  # copyreg's and torch.Tensor's reducer, once 
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
 _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
 _BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
+_BY_VALUE = notebook.by_value_modules()  # cloudpickle's set, changed in place
 
 
 # not plain; plain, pickled alone; plain, with the plain table (for tensors and RRefs);
@@ -158,6 +159,8 @@ def _plainness(obj: Any, depth: int) -> int:
     if cls is tuple or cls is list:
         return _all_plain(obj, depth) if len(obj) <= _PLAIN_ITEMS else _NOT_PLAIN
     if cls is dict:
+        if not obj:
+            return _NO_TENSORS
         if len(obj) > _PLAIN_ITEMS or any(type(k) is not str for k in obj):
             return _NOT_PLAIN
         return _all_plain(obj.values(), depth)
@@ -165,7 +168,10 @@ def _plainness(obj: Any, depth: int) -> int:
         kind = _function(obj.func)
         if kind == _NOT_PLAIN or (not obj.args and not obj.kwargs):
             return kind  # a call without arguments: the common case
-        args = _all_plain((obj.args, obj.kwargs or {}), depth)
+        args = _plainness(obj.args, depth + 1)
+        if obj.kwargs and args != _NOT_PLAIN:
+            more = _plainness(obj.kwargs, depth + 1)
+            args = _NOT_PLAIN if more == _NOT_PLAIN else args | more
         return _NOT_PLAIN if args == _NOT_PLAIN else kind | args
     if cls is types.FunctionType:
         # a function as an argument (the tutorials' _remote_method(Agent.select_action,
@@ -201,6 +207,8 @@ def _all_plain(items: Any, depth: int) -> int:
 def _function(func: Any) -> int:
     """A function importable by name (``_NO_TENSORS``), a notebook function with shipped
     bytes (``_NOTEBOOK``), or one cloudpickle must send (``_NOT_PLAIN``)."""
+    if _BY_NAME.get(id(func)) is func and not _BY_VALUE:  # found before: _by_name's first test
+        return _NO_TENSORS
     if _by_name(func):
         return _NO_TENSORS
     if notebook.is_notebook_function(func) and notebook.shipped(func):

@@ -267,13 +267,12 @@ def open_here() -> bool:
 
 def wants(tensor: Any) -> bool:
     """Should this tensor take the shared-memory path?"""
-    if not open_here():
+    if not open_here() or tensor.nbytes < _threshold:  # most tensors are small
         return False
     import torch
 
-    return (  # the cheapest tests first: most tensors are small (it sits on every call)
-        tensor.nbytes >= _threshold
-        and tensor.is_cpu
+    return (
+        tensor.is_cpu
         and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
         and tensor.layout == torch.strided
         and not tensor.is_quantized

@@ -156,15 +156,15 @@ def _strided() -> Any:
 def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     """The reduce tuple that maps ``tensor``'s shared storage on the receiver, or None
     when it is not shared memory this path can hand over (or the path is off)."""
-    # the cheapest tests first: most tensors are neither shared nor over a peer's pool
-    # buffer (this sits on every tensor sent); untyped_storage().is_shared() is
-    # tensor.is_shared() without its TypedStorage (1.4 us)
-    if not tensor.is_cpu or tensor.requires_grad or tensor.layout != _strided() \
-            or tensor.is_quantized:
+    # the tests that tell first: most tensors are neither shared nor over a peer's pool
+    # buffer (this sits on every tensor sent; a tensor's attribute is about 70 ns here);
+    # untyped_storage().is_shared() is tensor.is_shared() without its TypedStorage (1.4 us).
+    # The layout comes first: a sparse tensor has no storage to ask.
+    if not tensor.is_cpu or tensor.layout is not (_STRIDED or _strided()):
         return None
     shared = tensor.untyped_storage().is_shared()
     origin = None if shared else shm.origin_of(tensor)
-    if not (shared or origin) or not is_on():
+    if not (shared or origin) or tensor.requires_grad or tensor.is_quantized or not is_on():
         return None
     from rpcnb.wire import _torch
 

@@ -133,24 +133,38 @@ def key_check(secret: str) -> str:
 def sign(key: bytes, sender: str, payload: bytes) -> bytes:
     """``payload`` with its signature, saying who sent it (the name is signed too). The
     payload is copied once, into the message."""
-    name = sender.encode()
-    head = bytes((len(name),)) + name
-    return b"".join((SIGNATURE, _mac(key, head, payload), head, payload))
-
-
-_KEYED: dict[bytes, Any] = {}  # key -> a keyed BLAKE2b state, copied for each message
-
-
-def _mac(key: bytes, head: Any, payload: Any) -> bytes:
-    base = _KEYED.get(key)
-    if base is None:
-        if len(_KEYED) > 16:
-            _KEYED.clear()
-        base = _KEYED[key] = hashlib.blake2b(key=key, digest_size=32)
-    h = base.copy()  # half the cost of a keyed init, which hashes the key's block each time
-    h.update(head)
+    signer = _SIGNERS.get((key, sender))
+    if signer is None:
+        name = sender.encode()
+        head = bytes((len(name),)) + name
+        signer = _remember(_SIGNERS, (key, sender), (_headed(key, head), head))
+    base, head = signer
+    h = base.copy()
     h.update(payload)
-    return h.digest()
+    return b"".join((SIGNATURE, h.digest(), head, payload))
+
+
+# The tag is keyed BLAKE2b over the head (the sender's name, with its length) and then the
+# payload. A keyed state that has already taken a head is kept, per key and head, and
+# copied for each message: a keyed init hashes the key's block each time, and a member
+# sends and receives under a handful of names. Each table is bounded: a stranger's
+# messages can add heads to the receiver's, which is then cleared (they fail the tag).
+_SIGNERS: dict[tuple[bytes, str], tuple[Any, bytes]] = {}  # (key, sender) -> (state, head)
+_CHECKERS: dict[tuple[bytes, bytes], tuple[Any, str]] = {}  # (key, head) -> (state, sender)
+_TABLE_MAX = 64
+
+
+def _headed(key: bytes, head: bytes) -> Any:
+    h = hashlib.blake2b(key=key, digest_size=32)
+    h.update(head)
+    return h
+
+
+def _remember(table: dict[Any, Any], k: Any, v: Any) -> Any:
+    if len(table) >= _TABLE_MAX:
+        table.clear()
+    table[k] = v
+    return v
 
 
 def unsign(key: bytes, data: bytes) -> tuple[str, Any] | None:
@@ -158,12 +172,19 @@ def unsign(key: bytes, data: bytes) -> tuple[str, Any] | None:
     payload is a view into ``data`` (not a copy)."""
     if len(data) < _MAC_END + 1 or not data.startswith(SIGNATURE):
         return None
-    view = memoryview(data)
     end = _MAC_END + 1 + data[_MAC_END]
-    if not hmac.compare_digest(view[len(SIGNATURE):_MAC_END],
-                               _mac(key, view[_MAC_END:end], view[end:])):
+    head = data[_MAC_END:end]
+    checker = _CHECKERS.get((key, head))
+    if checker is None:
+        checker = _remember(_CHECKERS, (key, head),
+                            (_headed(key, head), head[1:].decode(errors="replace")))
+    base, sender = checker
+    view = memoryview(data)
+    h = base.copy()
+    h.update(view[end:])
+    if not hmac.compare_digest(view[len(SIGNATURE):_MAC_END], h.digest()):
         return None
-    return bytes(view[_MAC_END + 1:end]).decode(errors="replace"), view[end:]
+    return sender, view[end:]
 
 
 def write_connection(group_dir: Path, conn: Connection) -> Path:
