@@ -203,10 +203,35 @@ def serve(program: str, kernel_pid: int) -> None:
                 _send({"id": req["id"], "facts": facts()})
 
 
+def _leave_terminal() -> None:
+    """Give up the controlling terminal a plain-Python driver (or terminal IPython) has,
+    for this process and the workers it forks: they stay in its session (one program to
+    the scheduler) but in process groups of their own, in the background, where a read of
+    ``/dev/tty`` (``getpass``, an ssh or sudo prompt in a worker's cell) would stop the
+    worker for good. Without a terminal such a read fails at once, as in a session of its
+    own. A Jupyter kernel has none: nothing to do."""
+    if os.getsid(0) == os.getpid():
+        return  # a session leader would hang up its whole session's terminal: never here
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return  # no controlling terminal
+    try:
+        import fcntl
+        import termios
+
+        fcntl.ioctl(fd, termios.TIOCNOTTY)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def main(program: str) -> None:
     """Preload ``program`` (a module with ``main(argv, secret)``), then fork it on request."""
     kernel_pid = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _leave_terminal()
     os.environ.setdefault(NVML_CHECK, "1")
     preload(program)
     try:

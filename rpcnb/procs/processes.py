@@ -33,8 +33,8 @@ def is_stopped(pid: int) -> bool:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every descendant of ``pid``, including those in a session of their own (rpcnb's
-    workers are): what to stop by pid when a kernel goes."""
+    """Every descendant of ``pid``, including those in a process group of their own
+    (rpcnb's workers are): what to stop by pid when a kernel goes."""
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -435,6 +435,11 @@ def test_bad_input_gets_one_clear_sentence(group):
         assert "RpcnbError: A worker is named by its name" in out.traceback, (code, out.traceback)
         assert sentence in out.traceback and "%rpc_workers lists" in out.traceback, out.traceback
     assert group.value("rpcnb.run(rpc.get_worker_info('worker2'), '40 + 2', fetch=True)") == 42
+    # several names in any iterable: a dict of results keyed by name, a generator
+    group.execute("got = rpcnb.run(['worker1', 'worker2'], '1', fetch=True)")
+    assert group.value("rpcnb.run(got, '2', fetch=True)") == {"worker1": 2, "worker2": 2}
+    assert group.value("rpcnb.run((n for n in got), '3', fetch=True)") == {"worker1": 3,
+                                                                         "worker2": 3}
 
 
 def test_magics_need_a_group_first(kernel):

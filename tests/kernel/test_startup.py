@@ -233,3 +233,61 @@ def test_a_killed_or_replaced_launcher_leaves_the_group_alone(kernel):
     assert kernel.execute("%%remote worker2 --fetch\n6 * 7").text == "42"
     kernel.execute("%rpc_shutdown")
     assert wait_until(lambda: not pid_alive(before["worker2"]))
+
+
+TERMINAL_DRIVER = r"""
+import os, sys
+import rpcnb
+
+def terminal():
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        return "terminal"
+    except OSError:
+        return "none"
+
+rpcnb.init(1)
+where = rpcnb.run("worker1", "import os\ntry:\n    os.close(os.open('/dev/tty', os.O_RDWR | os.O_NOCTTY))\n"
+                  "    r = 'terminal'\nexcept OSError:\n    r = 'none'\nr", fetch=True)
+print("RESULT", terminal(), where, os.getsid(0) == os.getsid(rpcnb.group().members[1].pid),
+      flush=True)
+rpcnb.shutdown()
+"""
+
+
+def test_workers_of_a_driver_in_a_terminal_leave_the_terminal():
+    """A plain-Python driver run from a shell has a controlling terminal; its workers, in
+    its session but in background process groups, must not keep it: a read of /dev/tty
+    there (getpass, an ssh or sudo prompt in a cell) would stop the worker for good
+    (SIGTTIN). They give it up, and stay in the session."""
+    import pty
+    import select
+    import sys
+
+    from rpcnb.procs.processes import kill_all
+
+    pid, fd = pty.fork()  # the child: a session leader with the pty as its terminal
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-c", TERMINAL_DRIVER])
+    seen: set[int] = set()
+    text = b""
+    try:
+        deadline = time.monotonic() + 180
+        while b"RESULT" not in text or not text.rstrip().endswith((b"True", b"False")):
+            seen.update(children_of(pid))
+            if time.monotonic() > deadline:
+                break
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:
+                try:
+                    text += os.read(fd, 4096)
+                except OSError:  # the driver ended and closed the pty
+                    break
+        line = next((ln for ln in text.decode(errors="replace").splitlines()
+                     if ln.startswith("RESULT")), "")
+        # the driver has the terminal; its worker has none, in the driver's session
+        assert line.split() == ["RESULT", "terminal", "none", "True"], text[-3000:]
+    finally:
+        kill_all(sorted(p for p in seen | {pid} if pid_alive(p)))
+        os.close(fd)
+        os.waitpid(pid, 0)
