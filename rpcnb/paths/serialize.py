@@ -207,8 +207,6 @@ def _all_plain(items: Any, depth: int) -> int:
 def _function(func: Any) -> int:
     """A function importable by name (``_NO_TENSORS``), a notebook function with shipped
     bytes (``_NOTEBOOK``), or one cloudpickle must send (``_NOT_PLAIN``)."""
-    if _BY_NAME.get(id(func)) is func and not _BY_VALUE:  # found before: _by_name's first test
-        return _NO_TENSORS
     if _by_name(func):
         return _NO_TENSORS
     if notebook.is_notebook_function(func) and notebook.shipped(func):
@@ -220,8 +218,8 @@ def _by_name(func: Any) -> bool:
     """A function the receiver imports by name: defined at the top of an importable module
     (not the notebook's, not one rpcnb's hooks replaced, not one the user registered with
     ``cloudpickle.register_pickle_by_value``), found there under its name."""
-    by_value = notebook.by_value_modules()
-    if _BY_NAME.get(id(func)) is func and not by_value:
+    by_value = _BY_VALUE
+    if _BY_NAME.get(id(func)) is func and not by_value:  # found before: the common case
         return True
     if type(func) not in (types.FunctionType, types.BuiltinFunctionType) \
             or notebook.is_notebook_function(func) or func in notebook.REPLACED:

@@ -5,7 +5,7 @@ that imports torch and rpcnb's worker once, in a process group of its own) befor
 imports torch itself, so the two imports overlap; it stays after ``%rpc_shutdown``, so a
 later group, ``--add`` and ``%rpc_restart`` get workers forked in a fraction of a second.
 Each worker is ``rpcnb.worker.main()`` in a process group of its own (so a kernel interrupt
-is not also delivered to it) but in the kernel's session (``processes.own_group``), with
+is not also delivered to it) but in the kernel's session (``rpcnb.procs.processes.own_group``), with
 stdout and stderr in a log file under the group's directory.
 The launcher talks to this process only through its pipes, ends when this process ends
 (``stop_launcher`` at exit, or its pipe closing when this process is killed), and its
@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpcnb.procs import processes
-from rpcnb.procs.processes import is_stopped, pid_alive
+from rpcnb.procs.processes import is_stopped, own_group, pid_alive
 
 # Environment every rpcnb process gets unless the user set it already.
 QUIET_ENV = {
@@ -140,7 +139,7 @@ class Launcher:
         self._err = tempfile.TemporaryFile(prefix="rpcnb-launcher-")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER_CMD], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._err, env=env, **processes.own_group())
+            stdout=subprocess.PIPE, stderr=self._err, env=env, **own_group())
         self.pid = self.proc.pid
         self.facts: dict[str, Any] = {}  # what it said when it was ready
         self.forked = 0  # workers it started

@@ -142,13 +142,11 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     if isinstance(target, str):
         parts = [p.strip() for p in target.split(",")]
         many = "," in target
-    elif isinstance(getattr(target, "name", None), str):  # torch's WorkerInfo, a Member
-        parts, many = [_name_of(s, target)], False
     elif isinstance(target, Iterable):  # a list, a set, a dict of results keyed by name
         parts = [_name_of(s, p).strip() for p in target]
         many = True
     else:
-        parts, many = [_name_of(s, target)], False  # says what to give instead
+        parts, many = [_name_of(s, target)], False  # torch's WorkerInfo, or an error
     names = []
     for p in parts:
         if not p:

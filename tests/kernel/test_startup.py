@@ -236,7 +236,7 @@ def test_a_killed_or_replaced_launcher_leaves_the_group_alone(kernel):
 
 
 TERMINAL_DRIVER = r"""
-import os, sys
+import os
 import rpcnb
 
 def terminal():
