@@ -6,6 +6,7 @@ errors, and interrupt them when the notebook is interrupted or ``timeout`` passe
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import re
@@ -185,6 +186,8 @@ def prepare(s: Session, target: str | Iterable[str] | None, source: str,
 def background_on(s: Session, names: list[str]) -> dict[str, list[int]]:
     """The ids of the background cells still running (or queued) on each of ``names``."""
     busy: dict[str, list[int]] = {}
+    if not s.background:  # none was ever started (most sessions): no lock to take
+        return busy
     with s.lock:
         jobs = [j for j in s.background.values() if not j.ready()]
     for job in jobs:
@@ -337,8 +340,11 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
                         dict(push or {}), *extra, timeout=0)
             except Exception as exc:  # it could not be pickled: nothing was sent
                 raise _push_error(push or {}, exc) from exc
+            # called with the future as its one argument, which put takes as ``block``: a
+            # partial holds the GIL on torch's thread for less than a lambda, and the waiting
+            # thread wakes as soon as that thread lets the GIL go (docs/benchmarks.md)
             call.future.add_done_callback(
-                lambda _f, cid=cid: inbox.put(("__done__", cid, -1, _NO_ITEMS)))
+                functools.partial(inbox.put, ("__done__", cid, -1, _NO_ITEMS)))
     except BaseException:
         sent.transfers.close(ok=False)
         sent.forget(s)
@@ -434,10 +440,12 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
                     render(inbox.get(timeout=0.05))
                 except queue.Empty:
                     pass
+                pending = False
                 for call in calls.values():
                     if not call.done:
                         _check_call(s, call)
-                if all(c.done for c in calls.values()):
+                        pending = pending or not call.done
+                if not pending:
                     drain()
                     break
                 now = time.monotonic()
@@ -496,11 +504,6 @@ class Cancelled(Exception):
 
 def _check_call(s: Session, call: Call) -> None:
     """Finish ``call`` if its future is done or its worker is known dead or unreachable."""
-    proc = s.procs.get(call.worker)
-    if proc is not None and not call.warned and time.monotonic() - call.started > 1.0 \
-            and proc.stopped():
-        call.warned = True
-        print(STOPPED_NOTICE.format(name=call.worker, pid=proc.pid), file=sys.stderr)
     fut = call.future
     if fut.done():
         call.done = True
@@ -509,14 +512,23 @@ def _check_call(s: Session, call: Call) -> None:
         except Exception as exc:
             call.error = _call_failure(s, call.worker, exc)
             return
+        if type(res) is tuple:  # it ran; no value, or one fetched (CellResult.wire)
+            call.ran, call.outputs = res[0], res[1]
+            call.result = res[2] if len(res) == 3 else None
+            return
         call.outputs = res.outputs
-        call.profile = getattr(res, "profile", None)
-        call.ran = float(getattr(res, "duration", 0.0) or 0.0)
+        call.profile = res.profile
+        call.ran = float(res.duration or 0.0)
         if res.ok:
             call.result = res.value if res.has_value and res.rref is None else res.rref
         else:
             call.error = RemoteError(res.worker, res.ename, res.evalue, res.traceback)
         return
+    proc = s.procs.get(call.worker)
+    if proc is not None and not call.warned and time.monotonic() - call.started > 1.0 \
+            and proc.stopped():
+        call.warned = True
+        print(STOPPED_NOTICE.format(name=call.worker, pid=proc.pid), file=sys.stderr)
     if call.worker in s.dead:
         call.done = True
         call.error = WorkerDiedError(s.death_message(call.worker), call.worker)

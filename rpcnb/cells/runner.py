@@ -53,6 +53,19 @@ class CellResult:
         # order changes what travels, and needs it raised (tests/unit/test_cell_runner.py)
         return CellResult, _cell_result_fields(self)
 
+    def wire(self) -> Any:
+        """What the cell's future is completed with. Most cells ran, and had no value or had
+        one fetched, with no profile and no copy asked: they travel as the plain tuple
+        ``(duration, outputs)`` or ``(duration, outputs, value)``, whose pickling and
+        loading cost a fraction of this class's on both sides (docs/benchmarks.md: about a
+        twentieth of a no-op cell's round trip on two cores). Any other result travels as
+        itself. The caller reads either (``rpcnb.cells.call``)."""
+        if self.ok and self.rref is None and self.profile is None and not self.copy_tensors:
+            if self.has_value:
+                return (self.duration, self.outputs, self.value)
+            return (self.duration, self.outputs)
+        return self
+
 
 _cell_result_fields = operator.attrgetter(*(f.name for f in fields(CellResult)))
 
@@ -185,11 +198,12 @@ class CellRunner:
         # the reply is pickled on whichever thread completes or awaits the future: the
         # result itself says to copy (rpcnb.paths.serialize reads it)
         result.copy_tensors = not job.zero_copy
-        job.future.set_result(result)
+        job.future.set_result(result.wire())
 
     def _execute(self, job: Job) -> CellResult:
         ns = self.namespace
-        ns.update(job.push)
+        if job.push:
+            ns.update(job.push)
         value, has_value = run_source(job.source, job.filename, ns, self.shell)
         if not has_value or value is None:
             return CellResult(self.name, True)
@@ -254,8 +268,14 @@ def plain_python(source: str) -> bool:
 
 def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
     """Execute a cell; return (value of the last expression, whether there was one)."""
-    if shell is not None and not plain_python(source):
-        source = shell.transform_cell(source)
+    # a cell found plain before (a loop of ``rpcnb.run(w, "step()")``) is not tested again
+    if shell is not None and source not in _PLAIN:
+        if not plain_python(source):
+            source = shell.transform_cell(source)
+        elif len(source) < 4096:
+            if len(_PLAIN) >= _CODE_KEPT:
+                _PLAIN.clear()
+            _PLAIN.add(source)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     body, last = _compiled(source, filename)
     exec(body, ns)
@@ -266,6 +286,7 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
 
 _CODE: dict[str, tuple[Any, Any]] = {}  # source -> its compiled body and last expression
 _CODE_KEPT = 256
+_PLAIN: set[str] = set()  # cells found plain Python (``plain_python``), as many as _CODE
 
 
 def _compiled(source: str, filename: str) -> tuple[Any, Any]:

@@ -77,12 +77,19 @@ def test_a_cells_result_reads_back_the_same_after_pickling():
 
 
 def test_a_cells_result_travels_as_its_fields_in_order_under_this_protocol():
-    # CellResult pickles as its fields in order (runner.CellResult.__reduce__): members of
-    # a group must agree on them, and they agree on rendezvous.PROTOCOL. A change of the
-    # fields needs PROTOCOL raised, and this pair written anew.
+    # CellResult pickles as its fields in order (runner.CellResult.__reduce__), and most
+    # results travel as a tuple instead (CellResult.wire): members of a group must agree on
+    # both, and they agree on rendezvous.PROTOCOL. A change of either needs PROTOCOL
+    # raised, and this test written anew.
     from rpcnb.session import rendezvous
 
+    assert CellResult("w", True, duration=0.5, outputs=2).wire() == (0.5, 2)
+    assert CellResult("w", True, value=7, has_value=True, duration=0.5).wire() == (0.5, 0, 7)
+    for other in (CellResult("w", False, ename="E"), CellResult("w", True, rref="r"),
+                  CellResult("w", True, copy_tensors=True),
+                  CellResult("w", True, profile={"table": ""})):
+        assert other.wire() is other
     fields = tuple(f.name for f in dataclasses.fields(CellResult))
-    assert (rendezvous.PROTOCOL, fields) == ("2", (
+    assert (rendezvous.PROTOCOL, fields) == ("3", (
         "worker", "ok", "rref", "value", "has_value", "ename", "evalue", "traceback",
         "duration", "outputs", "copy_tensors", "profile"))
