@@ -187,7 +187,9 @@ class Driver:
     """One driver process (a group of two, or Ray), asked for batches of timed calls."""
 
     def __init__(self, code: str, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        # the project first, then what was there (a GPU machine's packages come from it)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-c", code, *args],
                                      cwd=tempfile.gettempdir(), env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -277,26 +277,33 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
                 _PLAIN.clear()
             _PLAIN.add(source)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    body, last = _compiled(source, filename)
+    body, last, leaf = _compiled(source, filename)
     exec(body, ns)
-    if last is None:
-        return None, False
-    return eval(last, ns), True
+    value, has_value = (None, False) if last is None else (eval(last, ns), True)
+    if leaf:
+        # it ran, and defined no function, class, lambda or comprehension, whose code would
+        # keep its name: nothing asks for its lines again (a failed cell's stay, for its
+        # traceback). A loop of ``rpcnb.run(w, "step()")`` leaves no entry per cell.
+        del linecache.cache[filename]
+    return value, has_value
 
 
-_CODE: dict[str, tuple[Any, Any]] = {}  # source -> its compiled body and last expression
+# source -> its compiled body, its last expression, and whether neither holds code of its own
+_CODE: dict[str, tuple[Any, Any, bool]] = {}
 _CODE_KEPT = 256
 _PLAIN: set[str] = set()  # cells found plain Python (``plain_python``), as many as _CODE
 
 
-def _compiled(source: str, filename: str) -> tuple[Any, Any]:
-    """The cell's code: its body, and its last expression (None when it has none). A cell
-    run again (a loop of ``rpcnb.run(w, "step()")``) is parsed and compiled once, its code
-    renamed after the new cell (tracebacks name the cell that ran)."""
+def _compiled(source: str, filename: str) -> tuple[Any, Any, bool]:
+    """The cell's code: its body, its last expression (None when it has none), and whether
+    neither holds code objects of its own (functions, classes, lambdas, comprehensions). A
+    cell run again (a loop of ``rpcnb.run(w, "step()")``) is parsed and compiled once, its
+    code renamed after the new cell (tracebacks name the cell that ran)."""
     kept = _CODE.get(source)
     if kept is not None:
-        body, last = kept
-        return _renamed(body, filename), None if last is None else _renamed(last, filename)
+        body, last, leaf = kept
+        return (_renamed(body, filename), None if last is None else _renamed(last, filename),
+                leaf)
     tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";"):
@@ -304,11 +311,13 @@ def _compiled(source: str, filename: str) -> tuple[Any, Any]:
         assert isinstance(expr, ast.Expr)
         last = compile(ast.Expression(expr.value), filename, "eval")
     body = compile(tree, filename, "exec")
+    leaf = not any(type(c) is types.CodeType
+                   for code in (body, last) if code is not None for c in code.co_consts)
     if len(source) < 4096:
         if len(_CODE) >= _CODE_KEPT:
             _CODE.clear()
-        _CODE[source] = (body, last)
-    return body, last
+        _CODE[source] = (body, last, leaf)
+    return body, last, leaf
 
 
 def _renamed(code: Any, filename: str) -> Any:

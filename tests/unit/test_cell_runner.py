@@ -1,6 +1,7 @@
 """Where a remote cell runs (rpcnb.cells.runner), without a group: a cell run again is
 taken from the code cache, with IPython's syntax still honoured and its traceback naming
-the cell that ran; a cell's result reads back the same after pickling, every field.
+the cell that ran; a loop of cells leaves no lines behind in linecache; a cell's result
+reads back the same after pickling, every field.
 
 The shell is IPython's real one; the pickler is torch's RPC pickler with rpcnb's hooks.
 """
@@ -55,6 +56,27 @@ def test_a_cell_run_again_names_itself_in_its_traceback(shell):
         assert f'File "{filename}", line 3' in tb and f'File "{filename}", line 2, in f' in tb
         other = "<worker1 cell 2>" if i == 1 else "<worker1 cell 1>"
         assert other not in tb
+
+
+def test_a_loop_of_cells_leaves_no_lines_behind_but_what_may_be_asked_for(shell):
+    import inspect
+    import linecache
+
+    ns = shell.user_ns
+    before = len(linecache.cache)
+    for i in range(300):  # rpcnb.run(w, "x = ...") in a loop: no entry per cell stays
+        runner.run_source("y = 2 * 21\ny", f"<w loop {i}>", ns, shell)
+    assert len(linecache.cache) == before
+    # a cell that defines a function keeps its lines: its source and tracebacks need them
+    runner.run_source("def g():\n    return 1 / 0", "<w def>", ns, shell)
+    assert inspect.getsource(ns["g"]) == "def g():\n    return 1 / 0"
+    # a cell that fails keeps its lines for its traceback, with the failing line shown
+    with pytest.raises(ZeroDivisionError) as caught:
+        runner.run_source("z = 1\nz / 0", "<w fails>", ns, shell)
+    assert "z / 0" in runner.format_exception(caught.value, "<w fails>")
+    # so does a comprehension's
+    assert runner.run_source("[k * 2 for k in range(3)]", "<w comp>", ns, shell) == ([0, 2, 4], True)
+    assert "<w comp>" in linecache.cache
 
 
 def test_a_cells_result_reads_back_the_same_after_pickling():
