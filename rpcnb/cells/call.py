@@ -136,9 +136,11 @@ def _collective_timeouts(s: Session, sent: Sent, names: list[str]) -> None:
     names the ranks that never came, and the process group is formed again (a timed-out
     collective leaves the ranks out of step)."""
     info = s.options.get("collectives")
+    if not info:  # most groups: no process group, no collective to time out
+        return
     timed_out = [c for c in sent.calls.values() if isinstance(c.error, RemoteError)
                  and COLLECTIVE_TIMED_OUT.search(c.error.evalue + c.error.traceback)]
-    if not info or not timed_out:
+    if not timed_out:
         return
     ranks: dict[str, int] = info["ranks"]
     missing = [f"{w} (rank {r})" for w, r in sorted(ranks.items(), key=lambda x: x[1])
@@ -238,6 +240,10 @@ class Sent:
 
     def outcome(self, many: bool) -> Any:
         """The result (see ``run``), or the error to raise."""
+        if not many and self.local is None:  # one worker (most cells)
+            call = next(iter(self.calls.values()))
+            if call.error is None:
+                return call.result
         failures = {c.worker: c.error for c in self.calls.values() if c.error is not None}
         if self.local is not None and self.local[1] is not None:
             failures[LOCAL] = self.local[1]
@@ -472,6 +478,8 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
         if printer.large:  # printed and flushed: give the memory back (docs: load)
             machine.give_back_memory(min_interval=0)
     sent.late = [c.worker for c in calls.values() if not c.done]
+    if reason is None and cancel is None:  # it ended by itself (most cells)
+        return
     if reason is None and cancel is not None and cancel.is_set() and any(
             isinstance(c.error, RemoteError) and c.error.ename == "KeyboardInterrupt"
             for c in calls.values()):

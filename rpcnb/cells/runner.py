@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 import types
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from rpcnb import errors, progress
@@ -84,7 +84,6 @@ class Job:
     zero_copy: bool = True  # False: a fetched tensor in shared memory is copied
     profile: bool = False  # run under torch.profiler (%%remote --profile)
     filename: str = ""
-    started: float = field(default_factory=time.monotonic)
     capture: Any = None  # its output's Capture, while it runs
 
 
