@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import queue
 import re
@@ -47,7 +48,7 @@ class Call:
     done: bool = False
     outputs: int = 0  # output batches the worker sent before its result
     profile: dict[str, Any] | None = None  # with --profile: the worker's table and trace
-    ran: float = 0.0  # seconds the cell's code ran on the worker (its CellResult.duration)
+    ran: float = 0.0  # seconds the cell's code ran on the worker (its result's duration)
     warned: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -156,6 +157,7 @@ def _collective_timeouts(s: Session, sent: Sent, names: list[str]) -> None:
 
 
 LOCAL = "local"  # the name of the notebook's own result with ``local=True``
+_LOCAL_RUNS = itertools.count(1)
 
 
 def run_here(source: str) -> tuple[Any, BaseException | None]:
@@ -166,7 +168,9 @@ def run_here(source: str) -> tuple[Any, BaseException | None]:
 
     sh = output.shell()
     ns = sh.user_ns if sh is not None else vars(__main__)
-    filename = "<local cell>"
+    # a name per run, as a worker's cells have: the lines of a function one defined stay
+    # under its own name, whatever runs next
+    filename = f"<local cell {next(_LOCAL_RUNS)}>"
     try:
         value, _ = runner.run_source(source, filename, ns, sh)
         return value, None

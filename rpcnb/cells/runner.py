@@ -275,15 +275,17 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
             if len(_PLAIN) >= _CODE_KEPT:
                 _PLAIN.clear()
             _PLAIN.add(source)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    lines = linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     body, last, leaf = _compiled(source, filename)
     exec(body, ns)
     value, has_value = (None, False) if last is None else (eval(last, ns), True)
-    if leaf:
-        # it ran, and defined no function, class, lambda or comprehension, whose code would
-        # keep its name: nothing asks for its lines again (a failed cell's stay, for its
-        # traceback). A loop of ``rpcnb.run(w, "step()")`` leaves no entry per cell.
-        del linecache.cache[filename]
+    if leaf and linecache.cache.get(filename) is lines:
+        # it ran, and made no code object (function, class, lambda, generator expression;
+        # a comprehension before Python 3.12, which inlines them) that would keep its name:
+        # nothing asks for its lines again (a failed cell's stay, for its traceback). A
+        # loop of ``rpcnb.run(w, "step()")`` leaves no entry per cell. The cell may have
+        # cleared linecache itself (torch.compile's workers do): then there is none to drop
+        linecache.cache.pop(filename, None)
     return value, has_value
 
 
@@ -295,7 +297,7 @@ _PLAIN: set[str] = set()  # cells found plain Python (``plain_python``), as many
 
 def _compiled(source: str, filename: str) -> tuple[Any, Any, bool]:
     """The cell's code: its body, its last expression (None when it has none), and whether
-    neither holds code objects of its own (functions, classes, lambdas, comprehensions). A
+    neither holds code objects of its own (functions, classes, lambdas, generators). A
     cell run again (a loop of ``rpcnb.run(w, "step()")``) is parsed and compiled once, its
     code renamed after the new cell (tracebacks name the cell that ran)."""
     kept = _CODE.get(source)

@@ -34,8 +34,9 @@ NOT_LEADER = "rpcnb: only the group's first kernel admits members"
 def run_cell(s: Session, call_id: str, caller: str, source: str, fetch: bool,
              push: dict[str, Any], zero_copy: bool = True,
              profile: bool = False) -> torch.futures.Future:
-    """Queue a cell on this member's runner; the future completes with its CellResult
-    (``zero_copy=False``: a fetched tensor in shared memory is copied, not shared)."""
+    """Queue a cell on this member's runner; the future completes with its result
+    (``CellResult.wire``: most as a tuple) (``zero_copy=False``: a fetched tensor in shared
+    memory is copied, not shared)."""
     if s.runner is None:
         raise RuntimeError(NO_RUNNER)
     fut: torch.futures.Future = torch.futures.Future()

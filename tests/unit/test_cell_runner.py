@@ -74,9 +74,12 @@ def test_a_loop_of_cells_leaves_no_lines_behind_but_what_may_be_asked_for(shell)
     with pytest.raises(ZeroDivisionError) as caught:
         runner.run_source("z = 1\nz / 0", "<w fails>", ns, shell)
     assert "z / 0" in runner.format_exception(caught.value, "<w fails>")
-    # so does a comprehension's
-    assert runner.run_source("[k * 2 for k in range(3)]", "<w comp>", ns, shell) == ([0, 2, 4], True)
-    assert "<w comp>" in linecache.cache
+    # so does a generator expression's (a code object of its own on every Python)
+    assert runner.run_source("sum(k * 2 for k in range(3))", "<w gen>", ns, shell) == (6, True)
+    assert "<w gen>" in linecache.cache
+    # a cell that clears linecache itself (torch.compile's workers do) still just runs
+    assert runner.run_source("linecache.clearcache()\n5", "<w clears>",
+                             {"linecache": linecache}, shell) == (5, True)
 
 
 def test_a_cells_result_reads_back_the_same_after_pickling():
@@ -115,3 +118,30 @@ def test_a_cells_result_travels_as_its_fields_in_order_under_this_protocol():
     assert (rendezvous.PROTOCOL, fields) == ("3", (
         "worker", "ok", "rref", "value", "has_value", "ename", "evalue", "traceback",
         "duration", "outputs", "copy_tensors", "profile"))
+
+
+def test_the_caller_reads_every_form_a_result_travels_in():
+    # what the worker's wire() sends, through torch's RPC pickler, as the caller reads it
+    import queue
+
+    from rpcnb.cells import call as calls
+    from rpcnb.errors import RemoteError
+    from rpcnb.wire import _torch
+
+    rpc_pickler = _torch.rpc_pickler()
+    sent = [CellResult("w1", True, duration=0.25, outputs=2),
+            CellResult("w1", True, value={"step": 7}, has_value=True, duration=0.5),
+            CellResult("w1", True, rref="an RRef", has_value=True, duration=0.125),
+            CellResult("w1", False, ename="ValueError", evalue="bad", traceback="tb")]
+    read = []
+    for result in sent:
+        fut = torch.futures.Future()
+        fut.set_result(rpc_pickler.deserialize(*rpc_pickler.serialize(result.wire())))
+        c = calls.Call("id", "w1", queue.SimpleQueue(), future=fut)
+        calls._check_call(None, c)  # type: ignore[arg-type]  # a finished call needs no session
+        assert c.done
+        read.append((c.result, c.outputs, c.ran, c.error))
+    assert read[:3] == [(None, 2, 0.25, None), ({"step": 7}, 0, 0.5, None),
+                        ("an RRef", 0, 0.125, None)]
+    error = read[3][3]
+    assert isinstance(error, RemoteError) and (error.worker, error.ename) == ("w1", "ValueError")
