@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import python_path  # noqa: E402
+
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu.json"
 TARGETS = {
     "rpcnb round trip within 1.5x of raw rpc_sync (same map)": ("rpcnb", "raw", 1.5),
@@ -89,14 +91,13 @@ def torch_alone_recipe(local: str, remote: str, turns: int,
     """The same recipe in a group of two formed by torch's own ``init_rpc`` (the recipe's
     options and map; ``transports`` "" for torch's own, shm and uv), run while no rpcnb
     group is up: seconds per ``measure``, keyed "cpu" and "cuda"."""
+    import os
     import subprocess
-
-    from bench.gpu_recipe import env_with_root
 
     done = subprocess.run([sys.executable, "-m", "bench.gpu_recipe", "--local", local,
                            "--remote", remote, "--turns", str(turns), "--transports",
-                           transports], cwd=ROOT, env=env_with_root(), capture_output=True,
-                          text=True, timeout=600)
+                           transports], cwd=ROOT, env=dict(os.environ, PYTHONPATH=python_path()),
+                          capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"the recipe in a group of torch alone failed (exit "
                            f"{done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}")

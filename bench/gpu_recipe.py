@@ -31,6 +31,8 @@ import torch.distributed.autograd as autograd
 import torch.distributed.rpc as rpc
 import torch.nn as nn
 
+from bench import python_path
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,13 +67,6 @@ def measure(cls: Any, comm_mode: str, local: str, remote: str) -> float:
     return time.time() - tik
 
 
-def env_with_root() -> dict[str, str]:
-    """This environment with the project root first on ``PYTHONPATH``: where a process
-    started here finds ``bench.gpu_recipe`` (and its ``MyModule``)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-
-
 def _options(store: str, local: str, remote: str, rank: int, transports: str) -> Any:
     o = rpc.TensorPipeRpcBackendOptions(
         init_method=f"file://{store}", num_worker_threads=128,
@@ -99,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tmp = tempfile.mkdtemp(prefix="bench-gpu-recipe-")
     store = os.path.join(tmp, "store")
-    env = env_with_root()
+    env = dict(os.environ, PYTHONPATH=python_path())  # it finds bench.gpu_recipe there
     peer = subprocess.Popen([sys.executable, "-m", "bench.gpu_recipe", "--rank", "1",
                              "--store", store, "--local", args.local, "--remote", args.remote,
                              "--transports", args.transports],

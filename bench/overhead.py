@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import python_path
+
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1 << 20
 SECTION = "overhead"
@@ -187,9 +189,7 @@ class Driver:
     """One driver process (a group of two, or Ray), asked for batches of timed calls."""
 
     def __init__(self, code: str, *args: str) -> None:
-        # the project first, then what was there (a GPU machine's packages come from it)
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=python_path(), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-c", code, *args],
                                      cwd=tempfile.gettempdir(), env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import Kernel, children_of, kill_all, pid_alive  # noqa: E402
 
+from bench import python_path  # noqa: E402
 from bench.in_kernel import MARK  # noqa: E402
 from bench.tables import MODULES, report  # noqa: E402
 from bench.ucx import section as ucx_section  # noqa: E402
@@ -367,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Workers and engines start with this environment: they must import bench.targets.
     os.chdir(ROOT)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ["PYTHONPATH"] = python_path()
     shm_before = set(glob.glob("/dev/shm/rpcnb-*"))
 
     info = machine()

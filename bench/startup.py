@@ -218,9 +218,10 @@ def main(argv: list[str] | None = None) -> list[tuple[str, list[float], float]]:
     run = _helpers()
     import os
 
+    from bench import python_path
+
     os.chdir(ROOT)  # workers and engines import bench.* from here
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ["PYTHONPATH"] = python_path()
     info = run.machine()
     measured = measure_runs(args.repeats, args.warm)
     info["loadavg_end"] = list(os.getloadavg())

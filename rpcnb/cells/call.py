@@ -244,7 +244,7 @@ class Sent:
 
     def outcome(self, many: bool) -> Any:
         """The result (see ``run``), or the error to raise."""
-        if not many and self.local is None:  # one worker (most cells)
+        if not many:  # one worker, nothing run here (most cells)
             call = next(iter(self.calls.values()))
             if call.error is None:
                 return call.result
