@@ -22,7 +22,7 @@ from rpcnb import errors, machine, progress, telemetry
 from rpcnb.cells import profiles
 from rpcnb.cells.output import Printer, large
 from rpcnb.errors import RemoteError, WorkerDiedError, WorkerUnreachableError
-from rpcnb.paths import zerocopy
+from rpcnb.paths import calls, zerocopy
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
 
@@ -345,9 +345,9 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
             sent.calls[cid] = call
             try:
                 with _AS_IS if zero_copy else zerocopy.copying():
-                    call.future = protocol.call_async(
-                        s.token, name, "run_cell", cid, s.name, source, fetch,
-                        dict(push or {}), *extra, timeout=0)
+                    call.future = calls.request(
+                        s.token, name, "run_cell",
+                        (cid, s.name, source, fetch, dict(push or {}), *extra), 0)
             except Exception as exc:  # it could not be pickled: nothing was sent
                 raise _push_error(push or {}, exc) from exc
             # called with the future as its one argument, which put takes as ``block``: a

@@ -4,7 +4,8 @@ to (for the same-host paths), the shared storages it hands over by handle (relea
 it completes), and a builtin operator whose tensors would take rpcnb's paths sent as a
 Python call of the same operator. It sits on every call a user's code makes, so it does
 as little as it can: each microsecond here shows several times over in a round trip
-(docs/benchmarks.md, "What rpcnb costs a plain torch RPC call")."""
+(docs/benchmarks.md, "What rpcnb costs a plain torch RPC call"). Importing it imports
+torch (``serialize.install`` does, once torch is imported)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 from rpcnb import telemetry
 from rpcnb.errors import WorkerUnreachableError
 from rpcnb.paths import shm, zerocopy
-from rpcnb.session import state
+from rpcnb.session import protocol, state
+from rpcnb.wire import _torch
 
 _TENSOR: Any = None  # torch.Tensor, once installed
 
@@ -82,6 +84,32 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
     else:
         telemetry.count(peer)
     return result
+
+
+def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float) -> Any:
+    """``protocol.call_async(token, to, op, *args, timeout=timeout)``: the future of rpcnb's
+    request ``op`` to ``to``, sent without torch's Python around ``rpc_async`` nor
+    ``record_call`` (``_torch.send_python_call``), doing what ``record_call`` does for an
+    rpcnb request: the peer its tensors go to, storages it hands over released once it
+    completes, the call counted. A remote cell goes this way (``rpcnb.cells.call``): on a
+    no-op cell that Python was about a tenth of the round trip (docs/benchmarks.md). While
+    calls are timed (``telemetry.timing()``), it goes ``call_async``'s way, which times it."""
+    if telemetry.timing():
+        return protocol.call_async(token, to, op, *args, timeout=timeout)
+    now = telemetry.SENDING
+    old_peer, old_handed = now.peer, now.handed
+    now.peer, now.handed = to, None
+    try:
+        fut = _torch.send_python_call(to, protocol.entry, (token, op, args), timeout)
+        shared = now.handed
+    finally:
+        now.peer, now.handed = old_peer, old_handed
+    if fut is None:  # no agent (for torch's error), or torch's profiler records RPCs
+        return protocol.call_async(token, to, op, *args, timeout=timeout)
+    telemetry.count(to)
+    if shared:  # the receiver has mapped them once the call completes
+        fut.add_done_callback(lambda _f: zerocopy.release(shared))
+    return fut
 
 
 class InFlight:
@@ -163,8 +191,6 @@ class InFlight:
 def _cuda_route(peer: str) -> bool:
     """Whether this process maps devices onto ``peer``: its futures carry CUDA streams,
     which a future of ours would not."""
-    from rpcnb.wire import _torch
-
     maps, _devices = _torch.cuda_routes()
     return bool(maps.get(peer))
 
@@ -181,8 +207,6 @@ def _builtin(func: Any) -> bool:
     known = _BUILTINS.get(id(func))
     if known is not None and known[0] is func:
         return known[1]
-    from rpcnb.wire import _torch
-
     answer = _torch.is_builtin(func)
     if len(_BUILTINS) > 10_000:
         _BUILTINS.clear()

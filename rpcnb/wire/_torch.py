@@ -477,6 +477,21 @@ def is_builtin(func: Any) -> bool:
         return False
 
 
+def send_python_call(to: str, func: Any, args: tuple[Any, ...], timeout: float) -> Any:
+    """``rpc.rpc_async(to, func, args=args, timeout=timeout)`` of a Python function
+    (``async_execution`` ones too), sent as torch's ``_invoke_rpc`` sends it but without
+    its Python around the send (``_require_initialized``, the builtin lookup, the profiler's
+    context, and the call hooks above): the call's future. None when that Python has work
+    to do (no agent, for its error; torch's legacy profiler on, which records RPCs): the
+    caller then goes through ``rpc.rpc_async``. For rpcnb's own requests, which are Python
+    calls of one function; a remote cell's is most of its round trip (torch 2.11, 2.13)."""
+    if not api._is_current_rpc_agent_set() or torch.autograd._profiler_enabled():
+        return None
+    data, tensors = api._default_pickler.serialize(internal.PythonUDF(func, args, {}))
+    return api._invoke_rpc_python_udf(api._to_worker_info(to), data, tensors, timeout,
+                                      hasattr(func, "_wrapped_async_rpc_function"))
+
+
 def rref_future(rref: Any) -> Any:
     """The future that completes when ``rref``'s remote creation has finished."""
     return rref._get_future()
