@@ -8,10 +8,12 @@ same transport (TensorPipe's ``uv`` on loopback). Each is driven by a plain Pyth
 that makes the same calls: ``rpc_sync``/``rpc_async``/``remote`` of an importable Python
 function and of builtins, ``to_here``, and the tutorials' ``_call_method(Cls.method, rref,
 ...)`` (a function and an RRef among the arguments). The two drivers take turns in batches of
-``--calls`` calls (torch, rpcnb, torch, ..., ``--turns`` each) while the other group idles,
-so both columns meet the same load on the machine (on a shared 2-core machine, figures
-taken minutes apart differ by more than what is measured); each figure is the median of
-all its calls, and the ratio is rpcnb / torch.
+``--calls`` calls (``--turns`` turns of one batch each, torch first in one turn and rpcnb
+first in the next) while the other group idles, so both columns meet the same load on the
+machine (on a shared 2-core machine, figures taken minutes apart differ by more than what
+is measured); each figure is the median of all its calls, and the ratio is rpcnb / torch.
+The ratio of each turn's two batches is kept too: their lowest and highest (``turns`` in the
+table) say how far this machine moved the ratio while it was measured.
 
 The rpcnb driver also times what only rpcnb has, against what a user would compare it
 with: ``rpcnb.run(worker, "None")`` against a raw ``rpc_sync`` of a no-op in the torch-only
@@ -245,24 +247,31 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
     ray = _has_ray()
     drivers = {"torch": Driver(DRIVER, "torch"), "rpcnb": Driver(DRIVER, "rpcnb")}
     times: dict[str, dict[str, list[float]]] = {"torch": {}, "rpcnb": {}, "ray": {}}
+    # each turn's two batches of a row, for the spread between turns (the table shows it)
+    turn_ratios: dict[str, list[float]] = {}
     try:
         for row in BOTH:
-            for _ in range(turns):
-                for mode in ("torch", "rpcnb"):
-                    times[mode].setdefault(row, []).extend(drivers[mode].batch(row, calls, 20))
+            for turn in range(turns):
+                got = {}
+                # which group goes first alternates (ABBA): the second batch of a turn meets
+                # a machine the first has just warmed (or loaded)
+                for mode in ("torch", "rpcnb") if turn % 2 == 0 else ("rpcnb", "torch"):
+                    got[mode] = drivers[mode].batch(row, calls, 20)
+                    times[mode].setdefault(row, []).extend(got[mode])
+                turn_ratios.setdefault(row, []).append(
+                    statistics.median(got["rpcnb"]) / statistics.median(got["torch"]))
         # Ray's own processes (its raylet, GCS and actor) keep working while idle: on a
         # small machine they slow whatever else runs. Ray is up for the no-op rows only,
         # where it is compared, and gone again before the large transfers.
         if ray:
             drivers["ray"] = Driver(RAY)
-        for _ in range(turns):
-            times["rpcnb"].setdefault("rpcnb.run no-op", []).extend(
-                drivers["rpcnb"].batch("rpcnb.run no-op", calls, 20))
-            times["torch"].setdefault("rpc_sync python fn (again)", []).extend(
-                drivers["torch"].batch("rpc_sync python fn", calls, 20))
-            if ray:
-                times["ray"].setdefault("ray actor call", []).extend(
-                    drivers["ray"].batch("", calls, 20))
+        peers = [("rpcnb", "rpcnb.run no-op", "rpcnb.run no-op"),
+                 ("torch", "rpc_sync python fn (again)", "rpc_sync python fn")]
+        if ray:
+            peers.append(("ray", "ray actor call", ""))
+        for turn in range(turns):
+            for mode, row, ask in peers[turn % len(peers):] + peers[:turn % len(peers)]:
+                times[mode].setdefault(row, []).extend(drivers[mode].batch(ask, calls, 20))
             # the same cell against a raw rpc_sync in its own group, call by call: both
             # meet the same moment of this VM (the rows above are minutes of batches apart)
             for raw, cell in drivers["rpcnb"].batch(PAIRED, calls, 20):
@@ -281,8 +290,13 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
             d.close()
     med = {mode: {row: statistics.median(v) for row, v in rows.items()}
            for mode, rows in times.items()}
-    rows = [{"call": row, "torch_ms": med["torch"].get(row), "rpcnb_ms": med["rpcnb"][row]}
-            for row in [*BOTH, *RPCNB_ONLY]]
+    rows: list[dict[str, Any]] = [
+        {"call": row, "torch_ms": med["torch"].get(row), "rpcnb_ms": med["rpcnb"][row]}
+        for row in [*BOTH, *RPCNB_ONLY]]
+    for r in rows:
+        spread = sorted(turn_ratios.get(r["call"], []))
+        if spread:  # rpcnb / torch of each turn's two batches: lowest, median, highest
+            r["turn_ratios"] = [spread[0], statistics.median(spread), spread[-1]]
     if ray:
         rows.append({"call": "ray actor call", "torch_ms": None, "rpcnb_ms": None,
                      "ray_ms": med["ray"]["ray actor call"]})
@@ -314,13 +328,16 @@ def table(result: dict[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "" if value is None else f"{value:.3f}"
 
-    lines = [f"{'call':34s} {'torch ms':>9s} {'rpcnb ms':>9s} {'ratio':>6s}"]
+    lines = [f"{'call':34s} {'torch ms':>9s} {'rpcnb ms':>9s} {'ratio':>6s}  turns"]
     for r in result["rows"]:
         if "ray_ms" in r:
             lines.append(f"{r['call']:34s} {'':>9s} {ms(r['ray_ms']):>9s}  (Ray)")
             continue
         ratio = f"{r['rpcnb_ms'] / r['torch_ms']:.2f}" if r["torch_ms"] else ""
-        lines.append(f"{r['call']:34s} {ms(r['torch_ms']):>9s} {ms(r['rpcnb_ms']):>9s} {ratio:>6s}")
+        lo, _mid, hi = r.get("turn_ratios") or (None, None, None)
+        spread = f"  {lo:.2f}-{hi:.2f}" if lo is not None else ""
+        lines.append(f"{r['call']:34s} {ms(r['torch_ms']):>9s} {ms(r['rpcnb_ms']):>9s} "
+                     f"{ratio:>6s}{spread}")
     lines += ["", "targets:"]
     for t in result["targets"]:
         lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['row']} vs {t['against']}: "
@@ -340,14 +357,15 @@ def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
     from bench.report import Part, target
 
     part = Part(title="What rpcnb costs plain torch RPC calls")
-    rows = [["call", "torch ms", "rpcnb ms", "ratio"]]
+    rows = [["call", "torch ms", "rpcnb ms", "ratio", "turns"]]
     for r in section["rows"]:
         if "ray_ms" in r:
-            rows.append([r["call"], "", f"{r['ray_ms']:.3f} (Ray)", ""])
+            rows.append([r["call"], "", f"{r['ray_ms']:.3f} (Ray)", "", ""])
             continue
-        t = r["torch_ms"]
+        t, spread = r["torch_ms"], r.get("turn_ratios")
         rows.append([r["call"], "" if t is None else f"{t:.3f}", f"{r['rpcnb_ms']:.3f}",
-                     "" if t is None else f"{r['rpcnb_ms'] / t:.2f}x"])
+                     "" if t is None else f"{r['rpcnb_ms'] / t:.2f}x",
+                     f"{spread[0]:.2f}-{spread[2]:.2f}x" if spread else ""])
     part.tables.append((f"medians of {section['turns']} turns of {section['calls']} calls, groups "
                         "of two on one host started by torch's init_rpc and by rpcnb.init(1), "
                         "TensorPipe uv on loopback (bench/overhead.py)", rows))

@@ -40,6 +40,9 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     overhead = {r["call"]: r for r in results["overhead"]["rows"]}
     assert overhead["rpc_sync python fn"]["torch_ms"] > 0 and overhead["rpc_sync python fn"]["rpcnb_ms"] > 0
     assert any(t["target"].startswith("rpc_sync python fn <=") for t in data["targets"])
+    # how far the ratio moved between turns (torch first, then rpcnb first: ABBA)
+    lo, mid, hi = overhead["rpc_sync python fn"]["turn_ratios"]
+    assert 0 < lo <= mid <= hi
     # the no-op cell timed call by call against a raw rpc_sync in its own group
     paired = [overhead[f"{row}, paired"]["rpcnb_ms"] for row in ("rpc_sync python fn",
                                                                  "rpcnb.run no-op")]
