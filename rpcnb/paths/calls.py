@@ -4,8 +4,7 @@ to (for the same-host paths), the shared storages it hands over by handle (relea
 it completes), and a builtin operator whose tensors would take rpcnb's paths sent as a
 Python call of the same operator. It sits on every call a user's code makes, so it does
 as little as it can: each microsecond here shows several times over in a round trip
-(docs/benchmarks.md, "What rpcnb costs a plain torch RPC call"). Importing it imports
-torch (``serialize.install`` does, once torch is imported)."""
+(docs/benchmarks.md, "What rpcnb costs a plain torch RPC call")."""
 
 from __future__ import annotations
 
@@ -15,18 +14,29 @@ from typing import Any
 from rpcnb import telemetry
 from rpcnb.errors import WorkerUnreachableError
 from rpcnb.paths import shm, zerocopy
-from rpcnb.session import protocol, state
-from rpcnb.wire import _torch
+from rpcnb.session import state
 
 _TENSOR: Any = None  # torch.Tensor, once installed
 
 _rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
+# rpcnb.session.protocol's send_async and call_async, at the first request (protocol
+# imports torch, which this module must not do: serialize.install imports it from torch's
+# import hook)
+_send_async: Any = None
+_call_async: Any = None
 
 
 def prepare(tensor: type, rref_future: Any) -> None:
     """What this module needs of torch, given once torch is imported (by serialize.install)."""
     global _TENSOR, _rref_future
     _TENSOR, _rref_future = tensor, rref_future
+
+
+def _senders() -> None:
+    global _send_async, _call_async
+    from rpcnb.session import protocol
+
+    _send_async, _call_async = protocol.send_async, protocol.call_async
 
 
 def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
@@ -89,23 +99,26 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
 def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float) -> Any:
     """``protocol.call_async(token, to, op, *args, timeout=timeout)``: the future of rpcnb's
     request ``op`` to ``to``, sent without torch's Python around ``rpc_async`` nor
-    ``record_call`` (``_torch.send_python_call``), doing what ``record_call`` does for an
-    rpcnb request: the peer its tensors go to, storages it hands over released once it
-    completes, the call counted. A remote cell goes this way (``rpcnb.cells.call``): on a
-    no-op cell that Python was about a tenth of the round trip (docs/benchmarks.md). While
-    calls are timed (``telemetry.timing()``), it goes ``call_async``'s way, which times it."""
+    ``record_call`` (``protocol.send_async``), doing what ``record_call`` does for an rpcnb
+    request: the peer its tensors go to, storages it hands over released once it completes,
+    the call counted. ``timeout`` in seconds, 0 for none. A remote cell's request goes this
+    way (``rpcnb.cells.call``): on a no-op cell, that Python was 27 of the caller's 73 us
+    before the send (docs/benchmarks.md). While calls are timed (``telemetry.timing()``),
+    it goes ``call_async``'s way, which times it."""
+    if _send_async is None:
+        _senders()
     if telemetry.timing():
-        return protocol.call_async(token, to, op, *args, timeout=timeout)
+        return _call_async(token, to, op, *args, timeout=timeout)
     now = telemetry.SENDING
     old_peer, old_handed = now.peer, now.handed
     now.peer, now.handed = to, None
     try:
-        fut = _torch.send_python_call(to, protocol.entry, (token, op, args), timeout)
+        fut = _send_async(token, to, op, args, timeout)
         shared = now.handed
     finally:
         now.peer, now.handed = old_peer, old_handed
-    if fut is None:  # no agent (for torch's error), or torch's profiler records RPCs
-        return protocol.call_async(token, to, op, *args, timeout=timeout)
+    if fut is None:  # no agent (for torch's error), or a torch profiler records RPCs
+        return _call_async(token, to, op, *args, timeout=timeout)
     telemetry.count(to)
     if shared:  # the receiver has mapped them once the call completes
         fut.add_done_callback(lambda _f: zerocopy.release(shared))
@@ -191,6 +204,8 @@ class InFlight:
 def _cuda_route(peer: str) -> bool:
     """Whether this process maps devices onto ``peer``: its futures carry CUDA streams,
     which a future of ours would not."""
+    from rpcnb.wire import _torch
+
     maps, _devices = _torch.cuda_routes()
     return bool(maps.get(peer))
 
@@ -207,6 +222,8 @@ def _builtin(func: Any) -> bool:
     known = _BUILTINS.get(id(func))
     if known is not None and known[0] is func:
         return known[1]
+    from rpcnb.wire import _torch
+
     answer = _torch.is_builtin(func)
     if len(_BUILTINS) > 10_000:
         _BUILTINS.clear()

@@ -3,7 +3,7 @@
 Every rpcnb request between members is one torch RPC to ``entry(token, op, args)``:
 ``entry`` checks the group token first, then runs the operation ``op`` from the table
 that ``rpcnb.membership.handlers`` fills (all of rpcnb's operations are listed there, and nowhere
-else). ``call``, ``call_async`` and ``remote`` send such requests.
+else). ``call``, ``call_async``, ``send_async`` and ``remote`` send such requests.
 
 A request that carries a payload says its size (``nbytes``): its time limit grows with it
 (``rpcnb.wire.limits``), so a large one over a slow link is not cut off at the limit of a
@@ -26,6 +26,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from rpcnb.session import state
+from rpcnb.wire import _torch
 
 UNKNOWN_OP = "rpcnb has no operation {op!r} here: is this member's rpcnb the same version?"
 NOT_SERVING = "this process answers no rpcnb requests (rpcnb.membership.handlers is not installed)"
@@ -67,8 +68,6 @@ entry.rpcnb_op_index = 1  # type: ignore[attr-defined]
 def _timeout(timeout: float | None, nbytes: int) -> float:
     if timeout is not None and nbytes <= 0:  # most requests: the limit they name
         return timeout
-    from rpcnb.wire import _torch
-
     if nbytes > 0:
         from rpcnb.wire import limits
 
@@ -88,6 +87,15 @@ def call_async(token: str, to: str, op: str, *args: Any, timeout: float | None =
                nbytes: int = 0) -> torch.futures.Future:
     """``call`` without waiting: a torch Future of the answer."""
     return rpc.rpc_async(to, entry, args=(token, op, args), timeout=_timeout(timeout, nbytes))
+
+
+def send_async(token: str, to: str, op: str, args: tuple[Any, ...],
+               timeout: float) -> torch.futures.Future | None:
+    """``call_async(token, to, op, *args, timeout=timeout)`` without torch's Python around
+    ``rpc_async`` (``wire._torch.send_python_call``), or None where that Python has work to
+    do (no agent; a torch profiler on): then ``call_async`` is the way. ``timeout`` in
+    seconds, 0 for none. ``rpcnb.paths.calls.request`` sends a remote cell's request so."""
+    return _torch.send_python_call(to, entry, (token, op, args), timeout)
 
 
 def remote(token: str, to: str, op: str, *args: Any) -> Any:

@@ -482,13 +482,16 @@ def send_python_call(to: str, func: Any, args: tuple[Any, ...], timeout: float) 
     (``async_execution`` ones too), sent as torch's ``_invoke_rpc`` sends it but without
     its Python around the send (``_require_initialized``, the builtin lookup, the profiler's
     context, and the call hooks above): the call's future. None when that Python has work
-    to do (no agent, for its error; torch's legacy profiler on, which records RPCs): the
-    caller then goes through ``rpc.rpc_async``. For rpcnb's own requests, which are Python
-    calls of one function; a remote cell's is most of its round trip (torch 2.11, 2.13)."""
+    to do (no agent, for its error; a torch profiler on, which records RPCs): the caller
+    then goes through ``rpc.rpc_async``. ``timeout`` in seconds, 0 for none. For rpcnb's
+    own requests (``rpcnb.session.protocol.send_async`` alone calls it) (torch 2.11, 2.13)."""
     if not api._is_current_rpc_agent_set() or torch.autograd._profiler_enabled():
         return None
+    # the destination first, as torch does: an unknown name fails before anything is
+    # pickled (a pushed tensor would have taken a shared buffer, or been handed over)
+    info = api._to_worker_info(to)
     data, tensors = api._default_pickler.serialize(internal.PythonUDF(func, args, {}))
-    return api._invoke_rpc_python_udf(api._to_worker_info(to), data, tensors, timeout,
+    return api._invoke_rpc_python_udf(info, data, tensors, timeout,
                                       hasattr(func, "_wrapped_async_rpc_function"))
 
 

@@ -157,25 +157,35 @@ def test_storages_are_held_until_their_call_completes_not_longer(api_group):
     assert zerocopy.stats()["sent"] >= 3
 
 
-def test_a_cells_push_goes_by_handle_is_released_and_counted(api_group):
+def test_a_cells_push_goes_by_handle_is_released_and_counted(api_group, monkeypatch):
     """A remote cell's request goes out without torch's Python around rpc_async
     (rpcnb.paths.calls.request): its pushed shared tensor still goes by handle, the sender
     holds it until the cell has answered, and the call is counted for the monitor; with a
-    torch profiler on, the cell goes torch's way and works the same."""
+    torch profiler on, the cell goes torch's way (rpc_async) and works the same."""
+    from rpcnb.paths import calls
+
+    monkeypatch.delenv("RPCNB_CALL_TIMES", raising=False)  # timed calls go torch's way
+    assert rpcnb.run("worker1", "None", fetch=True) is None  # the first request finds protocol
+    torch_way = []
+    call_async = calls._call_async
+    monkeypatch.setattr(calls, "_call_async",
+                        lambda *a, **k: torch_way.append(a[2]) or call_async(*a, **k))
     t = torch.ones(MB).share_memory_()
     held, sent = zerocopy.stats()["held"], zerocopy.stats()["sent"]
-    calls, since = telemetry.summary("worker1")["calls"], telemetry.now()
+    calls_before, since = telemetry.summary("worker1")["calls"], telemetry.now()
     assert rpcnb.run("worker1", "p.add_(1); p.sum().item()", push={"p": t}, fetch=True) \
         == 2.0 * MB
+    assert torch_way == []  # the short way
     assert t[0].item() == 2.0  # the worker wrote into this process's storage
     assert zerocopy.stats()["sent"] == sent + 1
     assert wait_until(lambda: zerocopy.stats()["held"] == held, timeout=5)
     # the monitor sees the tensor handed over and the cell, and counts the request too
     ops = [r["op"] for r in telemetry.records("worker1", since=since)]
     assert ops == ["tensor", "cell"]
-    assert telemetry.summary("worker1")["calls"] == calls + len(ops) + 1
+    assert telemetry.summary("worker1")["calls"] == calls_before + len(ops) + 1
     with torch.autograd.profiler.profile():
         assert rpcnb.run("worker1", "p.sum().item()", push={"p": t}, fetch=True) == 2.0 * MB
+    assert torch_way == ["run_cell"]
     assert wait_until(lambda: zerocopy.stats()["held"] == held, timeout=5)
 
 

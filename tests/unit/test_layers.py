@@ -167,13 +167,16 @@ def test_the_private_name_check_finds_them():
 
 
 def rpc_sends(path: Path) -> list[str]:
-    """Where ``path`` makes a torch RPC itself (rpc_sync, rpc_async, remote)."""
+    """Where ``path`` makes a torch RPC itself (rpc_sync, rpc_async, remote, or
+    ``_torch.send_python_call``, which sends any function as rpc_async does)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("rpc_sync", "rpc_async", "remote") \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "rpc":
-            found.append(f"line {node.lineno}: rpc.{node.func.attr}")
+                and isinstance(node.func.value, ast.Name) \
+                and ((node.func.attr in ("rpc_sync", "rpc_async", "remote")
+                      and node.func.value.id == "rpc")
+                     or (node.func.attr == "send_python_call" and node.func.value.id == "_torch")):
+            found.append(f"line {node.lineno}: {node.func.value.id}.{node.func.attr}")
     return found
 
 
@@ -183,4 +186,6 @@ def test_rpcnb_sends_its_requests_through_protocol_only():
     elsewhere = {str(p.relative_to(ROOT)): rpc_sends(p) for p in PACKAGE.rglob("*.py")
                  if p.name != "protocol.py" and rpc_sends(p)}
     assert elsewhere == {}
-    assert rpc_sends(PACKAGE / "session" / "protocol.py"), "the check would never fail"
+    in_protocol = rpc_sends(PACKAGE / "session" / "protocol.py")
+    assert in_protocol, "the check would never fail"
+    assert any("send_python_call" in s for s in in_protocol), "nor see the direct send"
