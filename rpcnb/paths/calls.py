@@ -53,19 +53,13 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
         # pings that find it back) still go
         raise WorkerUnreachableError(s.unreachable_message(peer), peer)
-    now = telemetry.SENDING
-    old_peer, old_handed = now.peer, now.handed
-    now.peer, now.handed = peer, None
-    try:
-        if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
-            # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
-            # the same operator, they take shared memory (or go by handle) as any call's
-            result = send(run_builtin, (func, tuple(args or ()), dict(kwargs or {})), None)
-        else:
-            result = send()
-        shared = now.handed
-    finally:
-        now.peer, now.handed = old_peer, old_handed
+    if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
+        # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of the
+        # same operator, they take shared memory (or go by handle) as any call's
+        result, shared = _sent_to(peer, send, run_builtin,
+                                  (func, tuple(args or ()), dict(kwargs or {})), None)
+    else:
+        result, shared = _sent_to(peer, send)
     timing = telemetry.timing()
     # across hosts, a plain call in flight when its member becomes unreachable fails then,
     # not after torch's timeout (rpcnb's own requests have their own ways: pings, cells)
@@ -86,8 +80,8 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         fut = _rref_future(result) if is_rref else result
     except Exception:
         return result
-    if shared:  # the receiver has mapped them once the call completes
-        fut.add_done_callback(lambda _f: zerocopy.release(shared))
+    if shared:
+        _release_when_done(fut, shared)
     if timing:
         telemetry.watch(fut, peer, ("remote:" if is_rref else "") + _op(func, args),
                         telemetry.tensor_bytes(args, kwargs))
@@ -109,20 +103,31 @@ def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float)
         _senders()
     if telemetry.timing():
         return _call_async(token, to, op, *args, timeout=timeout)
-    now = telemetry.SENDING
-    old_peer, old_handed = now.peer, now.handed
-    now.peer, now.handed = to, None
-    try:
-        fut = _send_async(token, to, op, args, timeout)
-        shared = now.handed
-    finally:
-        now.peer, now.handed = old_peer, old_handed
+    fut, shared = _sent_to(to, _send_async, token, to, op, args, timeout)
     if fut is None:  # no agent (for torch's error), or a torch profiler records RPCs
         return _call_async(token, to, op, *args, timeout=timeout)
     telemetry.count(to)
-    if shared:  # the receiver has mapped them once the call completes
-        fut.add_done_callback(lambda _f: zerocopy.release(shared))
+    if shared:
+        _release_when_done(fut, shared)
     return fut
+
+
+def _sent_to(peer: str, send: Any, *args: Any) -> tuple[Any, Any]:
+    """``send(*args)`` with ``peer`` as where its tensors go (the same-host paths read it):
+    what it returned, and the storages it handed over by handle (None when none)."""
+    now = telemetry.SENDING
+    old_peer, old_handed = now.peer, now.handed
+    now.peer, now.handed = peer, None
+    try:
+        return send(*args), now.handed
+    finally:
+        now.peer, now.handed = old_peer, old_handed
+
+
+def _release_when_done(fut: Any, shared: Any) -> None:
+    """Release storages handed over by handle once the call completes: the receiver has
+    mapped them by then."""
+    fut.add_done_callback(lambda _f: zerocopy.release(shared))
 
 
 class InFlight:
