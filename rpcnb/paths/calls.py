@@ -8,6 +8,7 @@ as little as it can: each microsecond here shows several times over in a round t
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -53,17 +54,30 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
         # pings that find it back) still go
         raise WorkerUnreachableError(s.unreachable_message(peer), peer)
-    if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
-        # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of the
-        # same operator, they take shared memory (or go by handle) as any call's
-        result, shared = _sent_to(peer, send, run_builtin,
-                                  (func, tuple(args or ()), dict(kwargs or {})), None)
-    else:
-        result, shared = _sent_to(peer, send)
-    timing = telemetry.timing()
+    if args or kwargs:
+        known = _BUILTINS.get(id(func))  # _builtin's first test, without its frame
+        builtin = known[1] if known is not None and known[0] is func else _builtin(func)
+        if builtin and _takes_our_paths(args, kwargs):
+            # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
+            # the same operator, they take shared memory (or go by handle) as any call's
+            from rpcnb.wire import _torch
+
+            send = functools.partial(_torch.call_instead, send, run_builtin,
+                                     (func, tuple(args or ()), dict(kwargs or {})), None)
+    # _sent_to's work, without its frame (this is every call's path)
+    now = telemetry.SENDING
+    old_peer, old_handed = now.peer, now.handed
+    now.peer, now.handed = peer, None
+    try:
+        result, shared = send(), now.handed
+    finally:
+        now.peer, now.handed = old_peer, old_handed
     # across hosts, a plain call in flight when its member becomes unreachable fails then,
     # not after torch's timeout (rpcnb's own requests have their own ways: pings, cells)
     watch = s is not None and not s.one_host and getattr(func, "rpcnb_op_index", None) is None
+    if not (shared or watch) and telemetry.count_untimed(peer):
+        return result  # most calls: counted, and nothing more to do
+    timing = telemetry.timing()
     if sync:
         if timing or shared:
             result = _Timed(result, peer, func, args, kwargs, shared, timing)

@@ -4,10 +4,9 @@ torch's RPC pickler sends functions and classes by reference, so a function defi
 notebook cell fails on the other side, or silently runs the callee's own function of the
 same name. rpcnb swaps in a cloudpickle-based pickler: anything defined in ``__main__``
 (notebook cells, remote cells) travels by value, while tensors and RRefs keep going
-through torch's own tables so device maps and channels still apply. Large CPU tensors to
-a same-host peer take rpcnb's shared memory (``rpcnb.paths.shm``), or UCX where the group asked
-for it (``rpcnb.paths.ucx``). NumPy, CuPy and other
-DLPack arrays travel as tensors too (``rpcnb.paths.arrays``).
+through torch's own tables so device maps and channels still apply. Which path each
+tensor takes (by handle, rpcnb's shared memory, UCX, TensorPipe's table; DLPack arrays as
+tensors) is ``rpcnb.paths.routes``.
 
 While this process is in a group, every payload it sends is signed with the group's key
 and every payload it receives is checked before it is unpickled (``rpcnb.session.rendezvous``).
@@ -29,12 +28,11 @@ import operator
 import pickle
 import sys
 import threading
-import time
 import types
 from typing import Any
 
-from rpcnb import errors, telemetry
-from rpcnb.paths import arrays, shm, ucx, zerocopy
+from rpcnb import errors
+from rpcnb.paths import arrays, routes, zerocopy
 from rpcnb.session import rendezvous, state
 from rpcnb.wire import notebook
 
@@ -83,10 +81,13 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
     pickler alone, with copyreg's table and rpcnb's tensor reducer (a plain message holds
     nothing else that a table entry would change), as fast as torch's. Notebook functions
     in it go as the bytes they were shipped as once (``notebook.shipped``)."""
-    f = io.BytesIO()
-    p = _NotebookCodePickler(f, protocol=PROTOCOL) if notebook_code \
-        else pickle.Pickler(f, protocol=PROTOCOL)
-    p.dispatch_table = _PLAIN_TABLE
+    # this thread's pickler of the kind, taken while it is in use (a message pickled while
+    # another is, on the same thread, gets a new one); made once: a pickler's making is a
+    # fifth of a small message's pickling
+    kept = _KEPT
+    slot = "notebook" if notebook_code else "plain"
+    f, p = getattr(kept, slot) or _new_plain_pickler(notebook_code)
+    setattr(kept, slot, None)
     tables = _TENSOR_TABLES
     # left as None, not deleted, between messages: getattr of a missing thread-local
     # attribute raises inside, about a microsecond (torch's own code reads None as absent)
@@ -95,12 +96,35 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
     tables.send_tables = tensors
     try:
         p.dump(obj)
+        data = f.getvalue()
     finally:
         tables.send_tables = old
+        p.clear_memo()  # the memo holds the message's objects: let them go now
+        f.seek(0)
+        f.truncate()  # and the bytes (a BytesIO shrinks when truncated to far less)
+        setattr(kept, slot, (f, p))
     s = state.active()
     if s is None:
-        return f.getvalue(), tensors
-    return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
+        return data, tensors
+    return rendezvous.sign(s.sign_key, s.name, data), tensors
+
+
+class _Kept(threading.local):
+    """A thread's picklers for plain messages, (file, pickler), None while in use."""
+
+    plain: tuple[io.BytesIO, Any] | None = None
+    notebook: tuple[io.BytesIO, Any] | None = None
+
+
+_KEPT = _Kept()
+
+
+def _new_plain_pickler(notebook_code: int) -> tuple[io.BytesIO, Any]:
+    f = io.BytesIO()
+    p = _NotebookCodePickler(f, protocol=PROTOCOL) if notebook_code \
+        else pickle.Pickler(f, protocol=PROTOCOL)
+    p.dispatch_table = _PLAIN_TABLE
+    return f, p
 
 
 class _Unshipped(Exception):
@@ -165,10 +189,25 @@ def _plainness(obj: Any, depth: int) -> int:
             return _NOT_PLAIN
         return _all_plain(obj.values(), depth)
     if cls is _UDF:
-        kind = _function(obj.func)
-        if kind == _NOT_PLAIN or (not obj.args and not obj.kwargs):
+        func = obj.func
+        # a function found importable before: _by_name's first test, without its frame
+        kind = _NO_TENSORS if _BY_NAME.get(id(func)) is func and not _BY_VALUE \
+            else _function(func)
+        args = obj.args
+        if kind == _NOT_PLAIN or (not args and not obj.kwargs):
             return kind  # a call without arguments: the common case
-        args = _plainness(obj.args, depth + 1)
+        if type(args) is tuple and len(args) <= _PLAIN_ITEMS and not obj.kwargs:
+            # the next most common: a few numbers, strings or tensors, looked at here
+            # (a frame each costs a round trip about a microsecond)
+            for arg in args:
+                k = type(arg)
+                if k is _TENSOR:
+                    kind |= _NEEDS_TABLE
+                elif k not in _LEAVES:
+                    break
+            else:
+                return kind
+        args = _plainness(args, depth + 1)
         if obj.kwargs and args != _NOT_PLAIN:
             more = _plainness(obj.kwargs, depth + 1)
             args = _NOT_PLAIN if more == _NOT_PLAIN else args | more
@@ -264,8 +303,8 @@ def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
     if _on_call is not None and type(obj) is _UDF and obj.func is not (_ENTRY or _entry()):
         # rpcnb's own requests (protocol.entry) route their output themselves
         run = _on_call(obj.func, sender)
-        if run is not obj.func:
-            obj = _UDF(run, obj.args, obj.kwargs)
+        if run is not obj.func:  # tuple's own __new__: the namedtuple's is one frame more
+            obj = _tuple_new(_UDF, (run, obj.args, obj.kwargs))
     return obj
 
 
@@ -302,6 +341,7 @@ def _entry() -> Any:
 
 
 _on_call: Any = None
+_tuple_new = tuple.__new__
 
 
 def on_call(wrap: Any) -> None:
@@ -333,7 +373,7 @@ def _dispatch_table(obj: Any) -> dict[Any, Any]:
     # torch's reducers return classmethods, which cloudpickle would ship by value
     # (with the thread-local tensor tables in their globals); pickle them by name.
     table[types.MethodType] = _reduce_method
-    table[torch.Tensor] = functools.partial(_reduce_tensor, _torch.tensor_reducer())
+    table[torch.Tensor] = routes.reduce_tensor
     if not isinstance(obj, torch.jit.ScriptModule):
         _table = (key, table)
     return table
@@ -343,56 +383,6 @@ def _kind(obj: Any) -> str:
     cls = type(obj)
     return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") \
         else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _reduce_tensor(fallback: Any, tensor: Any) -> Any:
-    """The first path that takes ``tensor``: by handle if it is already in shared memory
-    (``rpcnb.paths.zerocopy``); rpcnb's shared memory in a single-host group (``rpcnb.paths.shm``;
-    faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.paths.ucx``:
-    CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own."""
-    if tensor.is_cpu:
-        shared = zerocopy.export(tensor)
-        if shared is not None:
-            return shared
-    elif tensor.data_ptr() == 0:
-        return _empty_device_tensor(tensor)
-    if shm.wants(tensor):
-        start, t0 = telemetry.now(), time.perf_counter()
-        reduced = shm.export(tensor)
-        if reduced is not None:
-            telemetry.record(telemetry.current_peer(), "tensor", start,
-                             time.perf_counter() - t0,
-                             tensor.element_size() * tensor.nelement(), channel="rpcnb_shm")
-            return reduced
-    if ucx.wants(tensor):
-        reduced = ucx.export(tensor)
-        if reduced is not None:
-            return reduced
-    return fallback(tensor)
-
-
-def _empty_device_tensor(tensor: Any) -> tuple[Any, tuple[Any, ...]]:
-    """An empty CUDA tensor (or CuPy array) owns no memory: TensorPipe's CUDA channels ask
-    the driver which device its null pointer is on, and abort the sending process (torch
-    2.11-2.14). It travels as its shape and dtype, made empty again on the device the
-    device map gives it (the same device for a reply; the host where the receiver lacks it)."""
-    from rpcnb.wire import _torch
-
-    device = str(tensor.device)
-    peer = telemetry.current_peer()
-    if peer:
-        device = _torch.cuda_routes()[0].get(peer, {}).get(device, device)
-    return _rebuild_empty, (tuple(tensor.shape), tensor.dtype, device, tensor.requires_grad)
-
-
-def _rebuild_empty(shape: tuple[int, ...], dtype: Any, device: str, requires_grad: bool) -> Any:
-    import torch
-
-    if device.startswith("cuda"):
-        index = int(device.partition(":")[2] or 0)
-        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-            device = "cpu"
-    return torch.empty(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
 
 
 def _reduce_method(m: types.MethodType) -> tuple[Any, tuple[Any, str]]:
@@ -417,33 +407,13 @@ class Table(dict):  # type: ignore[type-arg]
     def __missing__(self, cls: type) -> Any:
         lib = arrays.library(cls)
         if lib is not None:
-            reducer: Any = functools.partial(_reduce_array, lib)
+            reducer: Any = functools.partial(routes.reduce_array, lib)
         elif issubclass(cls, type) or len(self) > _MAX_TYPES:
             raise KeyError(cls)  # a class whose metaclass is not type: pickled by name
         else:
             reducer = _default_reduce
         self[cls] = reducer
         return reducer
-
-
-def _reduce_array(lib: str, array: Any) -> Any:
-    reduced = arrays.reduce_array(array, lib, host=not _device_route(array))
-    return reduced if reduced is not None else array.__reduce_ex__(PROTOCOL)
-
-
-def _device_route(array: Any) -> bool:
-    """Can this array's tensor travel on its device? A CPU one always; a CUDA one when a
-    device map takes its device to the peer (for a reply: when the agent has the device),
-    as torch requires of a CUDA tensor. Otherwise it goes as a host copy, which the
-    receiver's library puts back on its own current device (as CuPy's pickling did)."""
-    if arrays.is_host(array):
-        return True
-    from rpcnb.wire import _torch
-
-    maps, devices = _torch.cuda_routes()
-    peer = telemetry.current_peer()
-    where = arrays.device(array)
-    return where in maps.get(peer, {}) if peer else where in devices
 
 
 _EXTRACTOR: Any = None
@@ -500,11 +470,12 @@ def install() -> None:
         from rpcnb.paths import calls
 
         _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
+        routes.prepare(_TENSOR_TABLES, torch.strided, _torch.tensor_receiver())
         calls.prepare(torch.Tensor, _torch.rref_future)
         rrefs = _torch.rref_reducers()
         _RREFS = tuple(rrefs)
         _PLAIN_TABLE = {**copyreg.dispatch_table, **rrefs,
-                        torch.Tensor: functools.partial(_reduce_tensor, _torch.tensor_reducer())}
+                        torch.Tensor: routes.reduce_tensor}
         _original_deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)
         # With devices set, torch finds the CUDA tensors in a Python result by pickling

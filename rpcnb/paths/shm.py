@@ -55,7 +55,7 @@ class _Local(threading.local):
 
 _local = _Local()
 _enabled = os.environ.get("RPCNB_SHM", "1").lower() not in ("0", "false", "no", "off")
-_threshold = int(os.environ.get("RPCNB_SHM_THRESHOLD", DEFAULT_THRESHOLD))
+THRESHOLD = int(os.environ.get("RPCNB_SHM_THRESHOLD", DEFAULT_THRESHOLD))
 _pool_limit = int(os.environ.get("RPCNB_SHM_POOL_BYTES", DEFAULT_POOL_BYTES))
 _idle = float(os.environ.get("RPCNB_SHM_IDLE_S", 30))
 RESERVE = 16 << 20  # /dev/shm left for everything else when rpcnb makes a buffer
@@ -267,7 +267,7 @@ def open_here() -> bool:
 
 def wants(tensor: Any) -> bool:
     """Should this tensor take the shared-memory path?"""
-    if not open_here() or tensor.nbytes < _threshold:  # most tensors are small
+    if not open_here() or tensor.nbytes < THRESHOLD:  # most tensors are small
         return False
     import torch
 
@@ -417,6 +417,7 @@ def _peer_map(name: str, total: int) -> mmap.mmap:
 # Tensors here over peers' buffers, by their storage's address: (buffer name, mapping
 # size). rpcnb.paths.zerocopy sends such a tensor on by handle instead of copying it again.
 _origins: dict[int, tuple[str, int]] = {}
+mapped = _origins  # the same dict, for a quick test elsewhere: is any tensor here over one?
 _forwarded: dict[str, int] = {}  # buffer name -> tensors here that hold it by a slot
 
 

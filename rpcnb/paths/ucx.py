@@ -49,7 +49,7 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name 
 
 DEFAULT_TCP_THRESHOLD = 32 << 20  # where UCX over TCP overtakes TensorPipe (docs/ucx.md)
 
-_threshold = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
+THRESHOLD = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
 # to a peer that UCX reaches over TCP (known after the first transfer), and in a reply
 # when every peer so far is over TCP: below it, TensorPipe's own TCP is faster
 tcp_threshold = int(os.environ.get("RPCNB_UCX_TCP_THRESHOLD", DEFAULT_TCP_THRESHOLD))
@@ -190,8 +190,8 @@ def _threshold_to(peer: str) -> int:
         known = [_transports[peer]] if peer in _transports else (
             list(_transports.values()) if not peer else [])
     if known and all(t == "tcp" for t in known):
-        return max(_threshold, tcp_threshold)
-    return _threshold
+        return max(THRESHOLD, tcp_threshold)
+    return THRESHOLD
 
 
 def _sweep(s: Any, now: float) -> None:

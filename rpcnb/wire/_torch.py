@@ -298,9 +298,10 @@ def reducers_key() -> tuple[int, int]:
     return (len(p._dispatch_table), len(p._class_reducer_dict))
 
 
-def tensor_reducer() -> Callable[[Any], Any]:
-    """torch's reducer that puts a tensor into the RPC message's tensor table."""
-    return rpc_pickler()._tensor_reducer  # type: ignore[no-any-return]
+def tensor_receiver() -> Callable[[int], Any]:
+    """What torch's own pickler names a tensor of a message by (its index in the message's
+    tensor table): what a receiver running torch alone reads."""
+    return internal._InternalRPCPickler._tensor_receiver  # type: ignore[no-any-return]
 
 
 def python_udf() -> type:
@@ -315,7 +316,7 @@ def tensor_tables() -> Any:
 
 @contextlib.contextmanager
 def send_tables() -> Iterator[list[Any]]:
-    """The thread-local tensor table that ``tensor_reducer`` fills while a message is
+    """The thread-local tensor table that a message's tensors go into while it is
     pickled (nested pickling keeps the outer table, as torch's own serialize does)."""
     tables = internal._thread_local_tensor_tables
     old = getattr(tables, "send_tables", None)
@@ -377,6 +378,7 @@ def extract_tensors(obj: Any) -> list[Any]:
 # -- call hooks (torch 2.11, 2.13: torch/distributed/rpc/api.py) -------------------------
 
 UNSET_RPC_TIMEOUT = api.UNSET_RPC_TIMEOUT
+_SYNC = internal.RPCExecMode.SYNC
 _hooked = threading.Lock()
 _hook_installed = False
 
@@ -385,43 +387,41 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
                ) -> dict[Any, tuple[str, str]]:
     """Call ``on_call(to, func, args, kwargs, send, sync)`` around every rpc_sync, rpc_async
     and remote this process makes: ``send()`` makes the call and returns its future (or
-    RRef), ``send(func2, args2, kwargs2)`` makes that call instead; ``sync`` says the
-    caller is ``rpc_sync``, which waits on that future at once, on this thread, and
-    nowhere else (``fut = _invoke_rpc(...); return fut.wait()``).
+    RRef), ``call_instead(send, func2, args2, kwargs2)`` makes that call instead; ``sync``
+    says the caller is ``rpc_sync``, which waits on that future at once, on this thread,
+    and nowhere else (``fut = _invoke_rpc(...); return fut.wait()``).
 
     ``api._invoke_rpc`` (behind rpc_sync and rpc_async) and ``api.remote`` are replaced by
     wrappers that carry torch's own module and name (functools.wraps), so code that
     imported ``remote`` by name still pickles it by reference, as torch's own. Returns the
     functions replaced, with where they were (code that imported one before the hook
-    holds the original: it must travel by that name too)."""
-    global _hook_installed
+    holds the original: it must travel by that name too). ``send`` is a
+    ``functools.partial`` of torch's function: made and called in C, it adds no frame to
+    a call (each costs a round trip about a microsecond, docs/benchmarks.md)."""
+    global _hook_installed, _original_remote
     with _hooked:
         if _hook_installed:
             return {}
         original_invoke = api._invoke_rpc
-        original_remote = api.remote
+        original_remote = _original_remote = api.remote
+        partial = functools.partial
 
         @functools.wraps(original_invoke)
         def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
                         rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             if rpc_timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
                 rpc_timeout = payload_timeout(args, kwargs)
-
-            def send(f: Any = func, a: Any = args, k: Any = kwargs) -> Any:
-                return original_invoke(to, f, rpc_type, a, k, rpc_timeout)
-
-            return on_call(to, func, args, kwargs, send, rpc_type == internal.RPCExecMode.SYNC)
+            return on_call(to, func, args, kwargs,
+                           partial(original_invoke, to, func, rpc_type, args, kwargs, rpc_timeout),
+                           rpc_type is _SYNC)
 
         @functools.wraps(original_remote)
         def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
                    timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             if timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
                 timeout = payload_timeout(args, kwargs)
-
-            def send(f: Any = func, a: Any = args, k: Any = kwargs) -> Any:
-                return original_remote(to, f, a, k, timeout)
-
-            return on_call(to, func, args, kwargs, send, False)
+            return on_call(to, func, args, kwargs,
+                           partial(original_remote, to, func, args, kwargs, timeout), False)
 
         api._invoke_rpc = _invoke_rpc
         api.remote = remote
@@ -429,6 +429,19 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         _hook_installed = True
         return {original_invoke: (api.__name__, "_invoke_rpc"),
                 original_remote: (api.__name__, "remote")}
+
+
+_original_remote: Any = None
+
+
+def call_instead(send: Any, func: Any, args: Any, kwargs: Any) -> Any:
+    """What ``send`` (a hook's, ``hook_calls``) returns, for a call of ``func`` with
+    ``args`` and ``kwargs`` in place of its own: to the same member, of the same kind
+    (``rpc_sync``/``rpc_async``, or ``remote``), with the same time limit."""
+    original, (to, _func, *rest) = send.func, send.args
+    if original is _original_remote:  # (to, func, args, kwargs, timeout)
+        return original(to, func, args, kwargs, rest[-1])
+    return original(to, func, rest[0], args, kwargs, rest[-1])  # (to, func, rpc_type, ...)
 
 
 _TENSOR = torch.Tensor

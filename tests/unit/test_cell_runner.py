@@ -115,7 +115,7 @@ def test_a_cells_result_travels_as_its_fields_in_order_under_this_protocol():
                   CellResult("w", True, profile={"table": ""})):
         assert other.wire() is other
     fields = tuple(f.name for f in dataclasses.fields(CellResult))
-    assert (rendezvous.PROTOCOL, fields) == ("3", (
+    assert (rendezvous.PROTOCOL, fields) == ("4", (
         "worker", "ok", "rref", "value", "has_value", "ename", "evalue", "traceback",
         "duration", "outputs", "copy_tensors", "profile"))
 

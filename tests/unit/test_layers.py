@@ -121,7 +121,7 @@ PRIVATE = {
     "_get_current_rpc_agent", "_internal_rpc_pickler", "_thread_local_tensor_tables",
     "_init_counter", "_init_rpc_backend", "_set_profiler_node_id", "_update_group_membership",
     "_jit_internal", "_TensorExtractor", "_extract_tensors", "_invoke_rpc", "_get_future",
-    "_tensor_str", "_get_backend_options", "_dispatch_table", "_tensor_reducer",
+    "_tensor_str", "_get_backend_options", "_dispatch_table", "_tensor_reducer", "_tensor_receiver",
     "_class_reducer_dict", "_py_rref_reducer", "_rref_reducer", "_script_module_reducer",
     "_init", "_C", "_utils",
 }

@@ -107,3 +107,20 @@ def test_only_plain_python_skips_ipythons_transformers(source, plain):
     if plain:  # what skipping saves must be what IPython would have done: nothing
         shell = InteractiveShell.instance()
         assert shell.transform_cell(source).rstrip("\n") == source.rstrip("\n")
+
+
+def test_outside_a_group_a_tensor_is_named_as_torch_names_it():
+    # in a group every member reads rpcnb.paths.routes.tensor_at (a shorter name, agreed
+    # through rendezvous.PROTOCOL); outside one, the peer may be running torch alone, which
+    # must read rpcnb's message with its own pickler
+    from torch.distributed.rpc.internal import _InternalRPCPickler
+
+    from rpcnb.session import state
+
+    assert state.active() is None
+    for message in (UDF(importable, (torch.arange(3), 2), {}),  # the C pickler's path
+                    UDF(lambda t: t, (torch.arange(3),), {})):  # cloudpickle's
+        data, tensors = serialize._serialize(None, message)
+        assert b"tensor_at" not in data and len(tensors) == 1
+        back = _InternalRPCPickler().deserialize(data, tensors)
+        assert torch.equal(back.args[0], torch.arange(3))

@@ -1,0 +1,122 @@
+"""Which path each tensor in a message takes, as rpcnb's picklers (``rpcnb.paths.serialize``)
+meet it: by handle when it is already in shared memory (``rpcnb.paths.zerocopy``), rpcnb's
+shared memory in a single-host group (``rpcnb.paths.shm``), UCX where the group asked for
+it (``rpcnb.paths.ucx``), else the message's tensor table, which TensorPipe sends with
+device maps and all. NumPy, CuPy and other DLPack arrays go as tensors
+(``rpcnb.paths.arrays``). It sits on every tensor sent: the tests that tell for most
+tensors come first (each frame costs a round trip about a microsecond, right after a
+thread's wake-up: docs/benchmarks.md).
+
+``tensor_at`` and ``rebuild_empty`` are named in messages: members of a group agree on
+them through ``rendezvous.PROTOCOL``. Outside a group a tensor in the table is named as
+torch's own pickler names it, for a peer that runs torch alone.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+from rpcnb import telemetry
+from rpcnb.paths import arrays, shm, ucx, zerocopy
+from rpcnb.session import state
+
+_TABLES: Any = None  # torch's thread-local RPC tensor tables (prepare)
+_STRIDED: Any = None  # torch.strided
+_TORCH_RECEIVER: Any = None  # torch's own name for a tensor in the table
+_SMALL = min(shm.THRESHOLD, ucx.THRESHOLD)  # a tensor under it takes neither path
+
+
+def prepare(tables: Any, strided: Any, torch_receiver: Any) -> None:
+    """What this module needs of torch, given once torch is imported (by serialize.install)."""
+    global _TABLES, _STRIDED, _TORCH_RECEIVER
+    _TABLES, _STRIDED, _TORCH_RECEIVER = tables, strided, torch_receiver
+
+
+def reduce_tensor(tensor: Any) -> Any:
+    """The first path that takes ``tensor``: by handle if it is already in shared memory
+    (``rpcnb.paths.zerocopy``); rpcnb's shared memory in a single-host group (``rpcnb.paths.shm``;
+    faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.paths.ucx``:
+    CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own (the
+    message's tensor table, read back by ``tensor_at``)."""
+    if tensor.is_cpu:
+        # zerocopy's first tests: most tensors are neither in shared memory nor over a
+        # peer's pool buffer (a sparse tensor has no storage to ask)
+        if tensor.layout is _STRIDED and (shm.mapped or tensor.untyped_storage().is_shared()):
+            shared = zerocopy.export(tensor)
+            if shared is not None:
+                return shared
+    elif tensor.data_ptr() == 0:
+        return _empty_device_tensor(tensor)
+    if tensor.nbytes >= _SMALL:  # under both shm's and UCX's thresholds: neither
+        if shm.wants(tensor):
+            start, t0 = telemetry.now(), time.perf_counter()
+            reduced = shm.export(tensor)
+            if reduced is not None:
+                telemetry.record(telemetry.current_peer(), "tensor", start,
+                                 time.perf_counter() - t0,
+                                 tensor.element_size() * tensor.nelement(), channel="rpcnb_shm")
+                return reduced
+        if ucx.wants(tensor):
+            reduced = ucx.export(tensor)
+            if reduced is not None:
+                return reduced
+    # torch's own reducer's work: into the table TensorPipe sends with the message, device
+    # maps and all; read back by tensor_at in a group (every member has it), else by
+    # torch's own receiver (outside a group, the peer may be running torch alone)
+    tensors = _TABLES.send_tables
+    tensors.append(tensor)
+    return (_TORCH_RECEIVER if state.active() is None else tensor_at), (len(tensors) - 1,)
+
+
+def tensor_at(index: int) -> Any:
+    """Tensor ``index`` of the message being unpickled here: torch's
+    ``_InternalRPCPickler._tensor_receiver``, by a shorter reference (a global, where
+    torch's is ``getattr`` of a class: less to pickle and to look up, on every tensor).
+    Every member of a group has it: they agree on ``rendezvous.PROTOCOL``."""
+    return _TABLES.recv_tables[index]
+
+
+def _empty_device_tensor(tensor: Any) -> tuple[Any, tuple[Any, ...]]:
+    """An empty CUDA tensor (or CuPy array) owns no memory: TensorPipe's CUDA channels ask
+    the driver which device its null pointer is on, and abort the sending process (torch
+    2.11-2.14). It travels as its shape and dtype, made empty again on the device the
+    device map gives it (the same device for a reply; the host where the receiver lacks it)."""
+    from rpcnb.wire import _torch
+
+    device = str(tensor.device)
+    peer = telemetry.current_peer()
+    if peer:
+        device = _torch.cuda_routes()[0].get(peer, {}).get(device, device)
+    return rebuild_empty, (tuple(tensor.shape), tensor.dtype, device, tensor.requires_grad)
+
+
+def rebuild_empty(shape: tuple[int, ...], dtype: Any, device: str, requires_grad: bool) -> Any:
+    import torch
+
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            device = "cpu"
+    return torch.empty(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
+
+
+def reduce_array(lib: str, array: Any) -> Any:
+    reduced = arrays.reduce_array(array, lib, host=not _device_route(array))
+    return reduced if reduced is not None else array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+def _device_route(array: Any) -> bool:
+    """Can this array's tensor travel on its device? A CPU one always; a CUDA one when a
+    device map takes its device to the peer (for a reply: when the agent has the device),
+    as torch requires of a CUDA tensor. Otherwise it goes as a host copy, which the
+    receiver's library puts back on its own current device (as CuPy's pickling did)."""
+    if arrays.is_host(array):
+        return True
+    from rpcnb.wire import _torch
+
+    maps, devices = _torch.cuda_routes()
+    peer = telemetry.current_peer()
+    where = arrays.device(array)
+    return where in maps.get(peer, {}) if peer else where in devices
