@@ -15,6 +15,7 @@ import contextlib
 import functools
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -332,8 +333,6 @@ def patch_serialize(serialize: Callable[[Any, Any], tuple[bytes, list[Any]]],
     """Make torch's RPC pickler call ``serialize(pickler, obj)`` for every Python message
     it sends and ``deserialize(pickler, data, tensor_table)`` for every one it receives
     (C++ calls both by attribute on the pickler instance)."""
-    import types
-
     p = rpc_pickler()
     p.serialize = types.MethodType(serialize, p)
     p.deserialize = types.MethodType(deserialize, p)
@@ -396,8 +395,9 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
     imported ``remote`` by name still pickles it by reference, as torch's own. Returns the
     functions replaced, with where they were (code that imported one before the hook
     holds the original: it must travel by that name too). ``send`` is a
-    ``functools.partial`` of torch's function: made and called in C, it adds no frame to
-    a call (each costs a round trip about a microsecond, docs/benchmarks.md)."""
+    ``functools.partial``, made and called in C; for rpc_sync and rpc_async, of a function
+    that sends a plain Python function's call without torch's Python around the send
+    (each frame costs a round trip about a microsecond, docs/benchmarks.md)."""
     global _hook_installed, _original_remote
     with _hooked:
         if _hook_installed:
@@ -406,13 +406,28 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
         original_remote = _original_remote = api.remote
         partial = functools.partial
 
+        def python_call(to: Any, func: Any, rpc_type: Any, args: Any, kwargs: Any,
+                        rpc_timeout: float) -> Any:
+            # torch's _invoke_rpc, for a plain Python function, without its Python around
+            # the send (the profiler's context, the checks for TorchScript): what its last
+            # branch does, the same C++ call. Anything else, or a torch profiler on (it
+            # records RPCs there), goes through torch's own.
+            if type(func) is not _FUNCTION or hasattr(func, "_wrapped_async_rpc_function") \
+                    or _profiler_enabled() or not api._is_current_rpc_agent_set() \
+                    or (_BUILTINS or _builtin_table()).get(id(func)) is not None:
+                return original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout)
+            info = api._to_worker_info(to)
+            data, tensors = api._default_pickler.serialize(
+                internal.PythonUDF(func, args or (), kwargs or {}))
+            return api._invoke_rpc_python_udf(info, data, tensors, rpc_timeout, False)
+
         @functools.wraps(original_invoke)
         def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
                         rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             if rpc_timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
                 rpc_timeout = payload_timeout(args, kwargs)
             return on_call(to, func, args, kwargs,
-                           partial(original_invoke, to, func, rpc_type, args, kwargs, rpc_timeout),
+                           partial(python_call, to, func, rpc_type, args, kwargs, rpc_timeout),
                            rpc_type is _SYNC)
 
         @functools.wraps(original_remote)
@@ -432,6 +447,19 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
 
 
 _original_remote: Any = None
+_FUNCTION = types.FunctionType
+_profiler_enabled = torch.autograd._profiler_enabled
+_BUILTINS: dict[int, Any] | None = None  # torch.jit's table of builtin operators, by id
+
+
+def _builtin_table() -> dict[int, Any]:
+    """torch.jit's table of the functions RPC sends as builtin operators (built once, at
+    the first call: torch adds to the same dict)."""
+    global _BUILTINS
+    from torch.jit import _builtins
+
+    _BUILTINS = _builtins._get_builtin_table()
+    return _BUILTINS
 
 
 def call_instead(send: Any, func: Any, args: Any, kwargs: Any) -> Any:

@@ -1,0 +1,63 @@
+"""Plain torch RPC calls in an rpcnb group (rpcnb.wire._torch.hook_calls): ``rpc_sync`` and
+``rpc_async`` of a Python function go from rpcnb's call hook straight to torch's C++ send,
+without torch's Python around it, and are counted; the calls whose Python torch has work
+for still take torch's own way and work: builtin operators written in Python, an
+``async_execution`` function, a call under a torch profiler, a name that is no member
+(torch's own error).
+
+The test process is worker0 (the Python API), with a real worker process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed.rpc as rpc
+from torch.distributed.rpc import api
+
+from rpcnb import telemetry
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker has no tests/
+
+
+@rpc.functions.async_execution
+def async_double(x):
+    fut = torch.futures.Future()
+    fut.set_result(x * 2)
+    return fut
+
+
+def test_a_plain_call_goes_straight_to_the_send_and_the_rest_goes_torchs_way(api_group,
+                                                                            monkeypatch):
+    monkeypatch.delenv("RPCNB_CALL_TIMES", raising=False)
+    torch_way = []  # the functions torch's own _invoke_rpc sent
+    enable = api._enable_rpc_profiler
+    monkeypatch.setattr(api, "_enable_rpc_profiler",
+                        lambda *a: torch_way.append(a[2]) or enable(*a))
+    a = torch.arange(3.0)
+    before = telemetry.summary("worker1")["calls"]
+    assert rpc.rpc_sync("worker1", json.dumps, args=([1, 2],)) == "[1, 2]"
+    assert rpc.rpc_async("worker1", json.dumps, args=({"k": a.tolist()},)).wait() \
+        == '{"k": [0.0, 1.0, 2.0]}'
+    assert rpc.rpc_sync("worker1", torch.clone, args=(a,)).tolist() == [0.0, 1.0, 2.0]
+    assert torch_way == [torch.clone]  # a builtin: torch's way; the two Python calls not
+    assert telemetry.summary("worker1")["calls"] == before + 3
+
+    # torch.einsum is a Python function torch sends as the operator aten::einsum
+    assert rpc.rpc_sync("worker1", torch.einsum, args=("i,i->", [a, a])).item() == 5.0
+    assert rpc.rpc_sync("worker1", async_double, args=(a,)).tolist() == [0.0, 2.0, 4.0]
+    assert torch_way[1:] == [torch.einsum, async_double]
+
+    # under a profiler, torch's Python decides whether to record the call (its legacy
+    # profiler does): torch's way
+    with torch.autograd.profiler.profile():
+        assert rpc.rpc_sync("worker1", json.dumps, args=(3,)) == "3"
+    assert torch_way[-1] is json.dumps
+
+    with pytest.raises(RuntimeError, match="could not find destination name nobody"):
+        rpc.rpc_sync("nobody", json.dumps, args=(1,))
+    assert telemetry.summary("worker1")["calls"] == before + 6
