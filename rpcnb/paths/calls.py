@@ -18,6 +18,7 @@ from rpcnb.paths import shm, zerocopy
 from rpcnb.session import state
 
 _TENSOR: Any = None  # torch.Tensor, once installed
+_STRIDED: Any = None  # torch.strided
 
 _rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
 # rpcnb.session.protocol's send_async and call_async, at the first request (protocol
@@ -27,10 +28,10 @@ _send_async: Any = None
 _call_async: Any = None
 
 
-def prepare(tensor: type, rref_future: Any) -> None:
+def prepare(tensor: type, strided: Any, rref_future: Any) -> None:
     """What this module needs of torch, given once torch is imported (by serialize.install)."""
-    global _TENSOR, _rref_future
-    _TENSOR, _rref_future = tensor, rref_future
+    global _TENSOR, _STRIDED, _rref_future
+    _TENSOR, _STRIDED, _rref_future = tensor, strided, rref_future
 
 
 def _senders() -> None:
@@ -258,7 +259,11 @@ def _takes_our_paths(args: Any, kwargs: Any) -> bool:
     for group in (args or (), (kwargs or {}).values()):
         for item in group:
             for t in (item if isinstance(item, (list, tuple)) else (item,)):
-                if type(t) is _TENSOR and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
+                # the first tests of shm.wants and zerocopy.can_share, in place: most
+                # tensors sent to an operator are small and not shared
+                if type(t) is _TENSOR and t.is_cpu and t.layout is _STRIDED and (
+                        (t.nbytes >= shm.THRESHOLD and shm.wants(t))
+                        or (t.untyped_storage().is_shared() and zerocopy.can_share(t))):
                     return True
     return False
 

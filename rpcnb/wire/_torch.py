@@ -408,12 +408,13 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
 
         def python_call(to: Any, func: Any, rpc_type: Any, args: Any, kwargs: Any,
                         rpc_timeout: float) -> Any:
-            # torch's _invoke_rpc, for a plain Python function, without its Python around
-            # the send (the profiler's context, the checks for TorchScript): what its last
-            # branch does, the same C++ call. Anything else, or a torch profiler on (it
-            # records RPCs there), goes through torch's own.
-            if type(func) is not _FUNCTION or hasattr(func, "_wrapped_async_rpc_function") \
-                    or _profiler_enabled() or not api._is_current_rpc_agent_set() \
+            # torch's _invoke_rpc, for a plain Python function (the wrapper below sends
+            # nothing else here), without its Python around the send (the profiler's
+            # context, the checks for TorchScript): what its last branch does, the same C++
+            # call. A builtin written in Python (torch.einsum), an async_execution function,
+            # or a torch profiler on (it records RPCs there) go through torch's own.
+            if hasattr(func, "_wrapped_async_rpc_function") or _profiler_enabled() \
+                    or not api._is_current_rpc_agent_set() \
                     or (_BUILTINS or _builtin_table()).get(id(func)) is not None:
                 return original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout)
             info = api._to_worker_info(to)
@@ -426,8 +427,10 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
                         rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             if rpc_timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
                 rpc_timeout = payload_timeout(args, kwargs)
+            # a builtin (torch.add) goes to torch's own at once: it has no Python to skip
+            send = python_call if type(func) is _FUNCTION else original_invoke
             return on_call(to, func, args, kwargs,
-                           partial(python_call, to, func, rpc_type, args, kwargs, rpc_timeout),
+                           partial(send, to, func, rpc_type, args, kwargs, rpc_timeout),
                            rpc_type is _SYNC)
 
         @functools.wraps(original_remote)
@@ -510,12 +513,7 @@ def _bytes_in(items: Any, nested: bool = True) -> int:
 def is_builtin(func: Any) -> bool:
     """Whether torch RPC sends a call of ``func`` as a builtin operator (``torch.add``):
     serialized in C++, its tensors in TensorPipe's table, never through the pickler."""
-    from torch.jit import _builtins
-
-    try:
-        return _builtins._find_builtin(func) is not None
-    except TypeError:  # unhashable
-        return False
+    return (_BUILTINS or _builtin_table()).get(id(func)) is not None  # _find_builtin's work
 
 
 def send_python_call(to: str, func: Any, args: tuple[Any, ...], timeout: float) -> Any:
