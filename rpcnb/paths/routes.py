@@ -49,7 +49,8 @@ def reduce_tensor(tensor: Any) -> Any:
                 return shared
     elif tensor.data_ptr() == 0:
         return _empty_device_tensor(tensor)
-    if tensor.nbytes >= _SMALL:  # under both shm's and UCX's thresholds: neither
+    # both paths take dense tensors from their thresholds on (a sparse one has no nbytes)
+    if tensor.layout is _STRIDED and tensor.nbytes >= _SMALL:
         if shm.wants(tensor):
             start, t0 = telemetry.now(), time.perf_counter()
             reduced = shm.export(tensor)

@@ -456,8 +456,7 @@ _BUILTINS: dict[int, Any] | None = None  # torch.jit's table of builtin operator
 
 
 def _builtin_table() -> dict[int, Any]:
-    """torch.jit's table of the functions RPC sends as builtin operators (built once, at
-    the first call: torch adds to the same dict)."""
+    """torch.jit's table of what RPC sends as builtin operators (built once; torch adds to it)."""
     global _BUILTINS
     from torch.jit import _builtins
 
@@ -479,6 +478,7 @@ _TENSOR = torch.Tensor
 _SEQUENCES = (list, tuple)
 _BYTES = (bytes, bytearray)
 _SCALARS = frozenset({int, float, str, bool, type(None)})
+_DENSE, _COO = torch.strided, torch.sparse_coo
 
 
 def payload_timeout(args: Any, kwargs: Any) -> float:
@@ -498,15 +498,16 @@ def _bytes_in(items: Any, nested: bool = True) -> int:
     nbytes = 0
     for item in items:
         kind = type(item)  # not isinstance: torch.Tensor's metaclass makes it slow
-        if kind is _TENSOR:
-            nbytes += item.nbytes
+        if kind is _TENSOR or (kind not in _SCALARS and kind not in _BYTES
+                               and kind not in _SEQUENCES and issubclass(kind, _TENSOR)):
+            # a sparse tensor has no nbytes: what it holds is its values and indices
+            nbytes += item.nbytes if item.layout is _DENSE \
+                else item._values().nbytes + item._indices().nbytes \
+                if item.layout is _COO else item.values().nbytes
         elif kind in _BYTES:
             nbytes += len(item)
-        elif kind in _SEQUENCES:
-            if nested:
-                nbytes += _bytes_in(item, False)
-        elif kind not in _SCALARS and issubclass(kind, _TENSOR):
-            nbytes += item.nbytes
+        elif kind in _SEQUENCES and nested:
+            nbytes += _bytes_in(item, False)
     return nbytes
 
 

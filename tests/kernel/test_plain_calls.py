@@ -61,3 +61,17 @@ def test_a_plain_call_goes_straight_to_the_send_and_the_rest_goes_torchs_way(api
     with pytest.raises(RuntimeError, match="could not find destination name nobody"):
         rpc.rpc_sync("nobody", json.dumps, args=(1,))
     assert telemetry.summary("worker1")["calls"] == before + 6
+
+
+def test_sparse_tensors_go_as_arguments_and_come_back(api_group):
+    # a sparse tensor has no nbytes: the time limit grown by a call's payload counts its
+    # values and indices, and neither of rpcnb's paths takes it
+    coo = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    csr = torch.ones(2, 3).to_sparse_csr()
+    assert rpc.rpc_sync("worker1", torch.add, args=(coo, coo)).to_dense().tolist() \
+        == [2.0, 0.0, 4.0, 0.0]
+    back = rpc.rpc_sync("worker1", json.loads, args=("[1]",)), \
+        rpc.rpc_async("worker1", torch.Tensor.to_dense, args=(csr,)).wait()
+    assert back[0] == [1] and torch.equal(back[1], torch.ones(2, 3))
+    assert torch.equal(rpc.remote("worker1", torch.Tensor.to_dense, args=(coo,)).to_here(),
+                       torch.tensor([1.0, 0.0, 2.0, 0.0]))
