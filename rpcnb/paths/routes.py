@@ -25,7 +25,6 @@ from rpcnb.session import state
 _TABLES: Any = None  # torch's thread-local RPC tensor tables (prepare)
 _STRIDED: Any = None  # torch.strided
 _TORCH_RECEIVER: Any = None  # torch's own name for a tensor in the table
-_SMALL = min(shm.THRESHOLD, ucx.THRESHOLD)  # a tensor under it takes neither path
 
 
 def prepare(tables: Any, strided: Any, torch_receiver: Any) -> None:
@@ -47,10 +46,11 @@ def reduce_tensor(tensor: Any) -> Any:
             shared = zerocopy.export(tensor)
             if shared is not None:
                 return shared
-    elif tensor.data_ptr() == 0:
+    elif tensor.layout is _STRIDED and tensor.data_ptr() == 0:  # a sparse one has no data_ptr
         return _empty_device_tensor(tensor)
     # both paths take dense tensors from their thresholds on (a sparse one has no nbytes)
-    if tensor.layout is _STRIDED and tensor.nbytes >= _SMALL:
+    if tensor.layout is _STRIDED and (
+            (nbytes := tensor.nbytes) >= shm.THRESHOLD or nbytes >= ucx.THRESHOLD):
         if shm.wants(tensor):
             start, t0 = telemetry.now(), time.perf_counter()
             reduced = shm.export(tensor)

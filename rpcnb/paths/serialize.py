@@ -99,7 +99,9 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
         data = f.getvalue()
     finally:
         tables.send_tables = old
-        p.clear_memo()  # the memo holds the message's objects: let them go now
+        # the memo holds the message's objects: a new one lets them go now (clear_memo
+        # keeps the table at its largest, and every later message would clear all of it)
+        p.memo = {}
         f.seek(0)
         f.truncate()  # and the bytes (a BytesIO shrinks when truncated to far less)
         setattr(kept, slot, (f, p))

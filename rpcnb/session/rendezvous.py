@@ -111,8 +111,8 @@ def verify(expected: str, given: Any) -> bool:
 # Every Python payload a member sends (calls, remote creations, results, RRef fetches,
 # remote exceptions) is signed with a key derived from the secret and checked before it
 # is unpickled (rpcnb.paths.serialize). The protocol number changes whenever rpcnb's requests,
-# signatures or messages' forms do (4: a tensor in a message is rpcnb.paths.serialize's
-# _tensor_at); members with another one are refused before they join torch's group.
+# signatures or messages' forms do (4: a tensor in a message is rpcnb.paths.routes's
+# tensor_at); members with another one are refused before they join torch's group.
 # The signature is keyed BLAKE2b (RFC 7693: a MAC by design, without HMAC's two passes),
 # a 256-bit tag: half the time of HMAC-SHA256 on the small messages most calls are.
 PROTOCOL = "4"

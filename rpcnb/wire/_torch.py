@@ -385,19 +385,16 @@ _hook_installed = False
 def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], Any]
                ) -> dict[Any, tuple[str, str]]:
     """Call ``on_call(to, func, args, kwargs, send, sync)`` around every rpc_sync, rpc_async
-    and remote this process makes: ``send()`` makes the call and returns its future (or
-    RRef), ``call_instead(send, func2, args2, kwargs2)`` makes that call instead; ``sync``
-    says the caller is ``rpc_sync``, which waits on that future at once, on this thread,
-    and nowhere else (``fut = _invoke_rpc(...); return fut.wait()``).
+    and remote this process makes: ``send()`` (a ``functools.partial``: no frame) makes the
+    call and returns its future (or RRef), ``call_instead(send, func2, args2, kwargs2)``
+    makes that call instead; ``sync`` says the caller is ``rpc_sync``, which waits on that
+    future at once, on this thread (``fut = _invoke_rpc(...); return fut.wait()``).
 
     ``api._invoke_rpc`` (behind rpc_sync and rpc_async) and ``api.remote`` are replaced by
     wrappers that carry torch's own module and name (functools.wraps), so code that
-    imported ``remote`` by name still pickles it by reference, as torch's own. Returns the
-    functions replaced, with where they were (code that imported one before the hook
-    holds the original: it must travel by that name too). ``send`` is a
-    ``functools.partial``, made and called in C; for rpc_sync and rpc_async, of a function
-    that sends a plain Python function's call without torch's Python around the send
-    (each frame costs a round trip about a microsecond, docs/benchmarks.md)."""
+    imported ``remote`` by name still pickles it by reference. Returns the functions
+    replaced, with where they were (code that imported one before the hook holds the
+    original: it must travel by that name too)."""
     global _hook_installed, _original_remote
     with _hooked:
         if _hook_installed:
@@ -459,15 +456,13 @@ def _builtin_table() -> dict[int, Any]:
     """torch.jit's table of what RPC sends as builtin operators (built once; torch adds to it)."""
     global _BUILTINS
     from torch.jit import _builtins
-
     _BUILTINS = _builtins._get_builtin_table()
     return _BUILTINS
 
 
 def call_instead(send: Any, func: Any, args: Any, kwargs: Any) -> Any:
-    """What ``send`` (a hook's, ``hook_calls``) returns, for a call of ``func`` with
-    ``args`` and ``kwargs`` in place of its own: to the same member, of the same kind
-    (``rpc_sync``/``rpc_async``, or ``remote``), with the same time limit."""
+    """``send()`` (a hook's) for a call of ``func(*args, **kwargs)`` instead of its own: to
+    the same member, of the same kind, with the same time limit."""
     original, (to, _func, *rest) = send.func, send.args
     if original is _original_remote:  # (to, func, args, kwargs, timeout)
         return original(to, func, args, kwargs, rest[-1])
@@ -500,15 +495,23 @@ def _bytes_in(items: Any, nested: bool = True) -> int:
         kind = type(item)  # not isinstance: torch.Tensor's metaclass makes it slow
         if kind is _TENSOR or (kind not in _SCALARS and kind not in _BYTES
                                and kind not in _SEQUENCES and issubclass(kind, _TENSOR)):
-            # a sparse tensor has no nbytes: what it holds is its values and indices
-            nbytes += item.nbytes if item.layout is _DENSE \
-                else item._values().nbytes + item._indices().nbytes \
-                if item.layout is _COO else item.values().nbytes
+            nbytes += item.nbytes if item.layout is _DENSE else _sparse_bytes(item)
         elif kind in _BYTES:
             nbytes += len(item)
         elif kind in _SEQUENCES and nested:
             nbytes += _bytes_in(item, False)
     return nbytes
+
+
+def _sparse_bytes(t: Any) -> int:
+    """What a tensor without nbytes holds: a COO one its values and indices, a compressed
+    one (CSR, BSR, ...) its values; any other (mkldnn) as many bytes as if it were dense."""
+    if t.layout is _COO:
+        return int(t._values().nbytes + t._indices().nbytes)
+    try:
+        return int(t.values().nbytes)
+    except RuntimeError:
+        return int(t.element_size() * t.numel())
 
 
 def is_builtin(func: Any) -> bool:
@@ -519,12 +522,10 @@ def is_builtin(func: Any) -> bool:
 
 def send_python_call(to: str, func: Any, args: tuple[Any, ...], timeout: float) -> Any:
     """``rpc.rpc_async(to, func, args=args, timeout=timeout)`` of a Python function
-    (``async_execution`` ones too), sent as torch's ``_invoke_rpc`` sends it but without
-    its Python around the send (``_require_initialized``, the builtin lookup, the profiler's
-    context, and the call hooks above): the call's future. None when that Python has work
-    to do (no agent, for its error; a torch profiler on, which records RPCs): the caller
-    then goes through ``rpc.rpc_async``. ``timeout`` in seconds, 0 for none. For rpcnb's
-    own requests (``rpcnb.session.protocol.send_async`` alone calls it) (torch 2.11, 2.13)."""
+    (``async_execution`` ones too) as torch's ``_invoke_rpc`` sends it, without its Python
+    around the send nor the call hooks above: the call's future. None when that Python has
+    work to do (no agent; a torch profiler on): then ``rpc.rpc_async``. ``timeout`` in
+    seconds, 0 for none. rpcnb's requests only (``protocol.send_async``; torch 2.11, 2.13)."""
     if not api._is_current_rpc_agent_set() or torch.autograd._profiler_enabled():
         return None
     # the destination first, as torch does: an unknown name fails before anything is

@@ -75,3 +75,18 @@ def test_sparse_tensors_go_as_arguments_and_come_back(api_group):
     assert back[0] == [1] and torch.equal(back[1], torch.ones(2, 3))
     assert torch.equal(rpc.remote("worker1", torch.Tensor.to_dense, args=(coo,)).to_here(),
                        torch.tensor([1.0, 0.0, 2.0, 0.0]))
+
+
+def test_in_a_group_a_tensor_in_a_message_is_named_by_rpcnbs_short_name(api_group):
+    # every member reads routes.tensor_at (rendezvous.PROTOCOL 4): one global to pickle and
+    # to look up where torch's reducer names getattr of a class; after a message of many
+    # strings, the thread's kept pickler holds none of them
+    from rpcnb.paths import serialize
+    from rpcnb.wire import _torch
+
+    udf = _torch.python_udf()
+    serialize._serialize(None, udf(json.dumps, ([str(i) for i in range(60)],), {}))
+    data, tensors = serialize._serialize(None, udf(json.dumps, (torch.ones(2), 1), {}))
+    assert b"tensor_at" in data and b"_tensor_receiver" not in data and len(tensors) == 1
+    assert rpc.rpc_sync("worker1", torch.Tensor.sum, args=(torch.ones(5),)).item() == 5.0
+    assert serialize._KEPT.plain is not None and serialize._KEPT.plain[1].memo.copy() == {}
