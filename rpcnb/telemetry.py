@@ -70,17 +70,6 @@ def count(peer: str) -> None:
         _counts[peer] = _counts.get(peer, 0) + 1
 
 
-def count_untimed(peer: str) -> bool:
-    """``count(peer)`` and True, unless calls are timed now (``timing()``): then False, and
-    nothing counted (the caller times the call, and its record counts it). One call where
-    a plain call would make two: it sits on every call."""
-    if _listeners or _looked_until > time.monotonic() or _timing_env():  # timing()
-        return False
-    with _lock:
-        _counts[peer] = _counts.get(peer, 0) + 1
-    return True
-
-
 TIMING_ENV = "RPCNB_CALL_TIMES"
 
 

@@ -8,7 +8,6 @@ as little as it can: each microsecond here shows several times over in a round t
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any
 
@@ -18,7 +17,8 @@ from rpcnb.paths import shm, zerocopy
 from rpcnb.session import state
 
 _TENSOR: Any = None  # torch.Tensor, once installed
-_STRIDED: Any = None  # torch.strided
+_builtin: Any = None  # rpcnb.wire._torch.is_builtin, once installed
+_call_instead: Any = None  # rpcnb.wire._torch.call_instead, once installed
 
 _rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
 # rpcnb.session.protocol's send_async and call_async, at the first request (protocol
@@ -28,10 +28,10 @@ _send_async: Any = None
 _call_async: Any = None
 
 
-def prepare(tensor: type, strided: Any, rref_future: Any) -> None:
+def prepare(tensor: type, rref_future: Any, is_builtin: Any, call_instead: Any) -> None:
     """What this module needs of torch, given once torch is imported (by serialize.install)."""
-    global _TENSOR, _STRIDED, _rref_future
-    _TENSOR, _STRIDED, _rref_future = tensor, strided, rref_future
+    global _TENSOR, _rref_future, _builtin, _call_instead
+    _TENSOR, _rref_future, _builtin, _call_instead = tensor, rref_future, is_builtin, call_instead
 
 
 def _senders() -> None:
@@ -55,30 +55,20 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
         # pings that find it back) still go
         raise WorkerUnreachableError(s.unreachable_message(peer), peer)
-    if args or kwargs:
-        known = _BUILTINS.get(id(func))  # _builtin's first test, without its frame
-        builtin = known[1] if known is not None and known[0] is func else _builtin(func)
-        if builtin and _takes_our_paths(args, kwargs):
-            # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of
-            # the same operator, they take shared memory (or go by handle) as any call's
-            from rpcnb.wire import _torch
-
-            send = functools.partial(_torch.call_instead, send, run_builtin,
-                                     (func, tuple(args or ()), dict(kwargs or {})), None)
-    # _sent_to's work, without its frame (this is every call's path)
-    now = telemetry.SENDING
-    old_peer, old_handed = now.peer, now.handed
-    now.peer, now.handed = peer, None
-    try:
-        result, shared = send(), now.handed
-    finally:
-        now.peer, now.handed = old_peer, old_handed
+    if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
+        # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of the
+        # same operator, they take shared memory (or go by handle) as any call's
+        result, shared = _sent_to(peer, _call_instead, send, run_builtin,
+                                  (func, tuple(args or ()), dict(kwargs or {})), None)
+    else:
+        result, shared = _sent_to(peer, send)
     # across hosts, a plain call in flight when its member becomes unreachable fails then,
     # not after torch's timeout (rpcnb's own requests have their own ways: pings, cells)
     watch = s is not None and not s.one_host and getattr(func, "rpcnb_op_index", None) is None
-    if not (shared or watch) and telemetry.count_untimed(peer):
-        return result  # most calls: counted, and nothing more to do
     timing = telemetry.timing()
+    if not (shared or watch or timing):
+        telemetry.count(peer)
+        return result  # most calls: counted, and nothing more to do
     if sync:
         if timing or shared:
             result = _Timed(result, peer, func, args, kwargs, shared, timing)
@@ -235,22 +225,6 @@ def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     return func(*args, **kwargs)
 
 
-_BUILTINS: dict[int, tuple[Any, bool]] = {}  # id -> (function, is torch's builtin)
-
-
-def _builtin(func: Any) -> bool:
-    known = _BUILTINS.get(id(func))
-    if known is not None and known[0] is func:
-        return known[1]
-    from rpcnb.wire import _torch
-
-    answer = _torch.is_builtin(func)
-    if len(_BUILTINS) > 10_000:
-        _BUILTINS.clear()
-    _BUILTINS[id(func)] = (func, answer)
-    return answer
-
-
 def _takes_our_paths(args: Any, kwargs: Any) -> bool:
     """Whether a tensor among the arguments (one level deep) would take rpcnb's shared
     memory or go by handle, were the call a Python one."""
@@ -259,11 +233,7 @@ def _takes_our_paths(args: Any, kwargs: Any) -> bool:
     for group in (args or (), (kwargs or {}).values()):
         for item in group:
             for t in (item if isinstance(item, (list, tuple)) else (item,)):
-                # the first tests of shm.wants and zerocopy.can_share, in place: most
-                # tensors sent to an operator are small and not shared
-                if type(t) is _TENSOR and t.is_cpu and t.layout is _STRIDED and (
-                        (t.nbytes >= shm.THRESHOLD and shm.wants(t))
-                        or (t.untyped_storage().is_shared() and zerocopy.can_share(t))):
+                if type(t) is _TENSOR and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
                     return True
     return False
 

@@ -40,12 +40,9 @@ def reduce_tensor(tensor: Any) -> Any:
     CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own (the
     message's tensor table, read back by ``tensor_at``)."""
     if tensor.is_cpu:
-        # zerocopy's first tests: most tensors are neither in shared memory nor over a
-        # peer's pool buffer (a sparse tensor has no storage to ask)
-        if tensor.layout is _STRIDED and (shm.mapped or tensor.untyped_storage().is_shared()):
-            shared = zerocopy.export(tensor)
-            if shared is not None:
-                return shared
+        shared = zerocopy.export(tensor)
+        if shared is not None:
+            return shared
     elif tensor.layout is _STRIDED and tensor.data_ptr() == 0:  # a sparse one has no data_ptr
         return _empty_device_tensor(tensor)
     # both paths take dense tensors from their thresholds on (a sparse one has no nbytes)

@@ -473,7 +473,7 @@ def install() -> None:
 
         _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
         routes.prepare(_TENSOR_TABLES, torch.strided, _torch.tensor_receiver())
-        calls.prepare(torch.Tensor, torch.strided, _torch.rref_future)
+        calls.prepare(torch.Tensor, _torch.rref_future, _torch.is_builtin, _torch.call_instead)
         rrefs = _torch.rref_reducers()
         _RREFS = tuple(rrefs)
         _PLAIN_TABLE = {**copyreg.dispatch_table, **rrefs,

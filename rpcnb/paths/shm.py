@@ -267,16 +267,28 @@ def open_here() -> bool:
 
 def wants(tensor: Any) -> bool:
     """Should this tensor take the shared-memory path?"""
-    if not open_here() or tensor.nbytes < THRESHOLD:  # most tensors are small
+    # most tensors are small; a sparse one has no nbytes, and takes no path of ours
+    if not open_here() or tensor.layout is not (_STRIDED or strided()) \
+            or tensor.nbytes < THRESHOLD:
         return False
-    import torch
-
     return (
         tensor.is_cpu
         and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
-        and tensor.layout == torch.strided
         and not tensor.is_quantized
     )
+
+
+_STRIDED: Any = None
+
+
+def strided() -> Any:
+    """``torch.strided`` (this module imports no torch until a tensor is asked about)."""
+    global _STRIDED
+    if _STRIDED is None:
+        import torch
+
+        _STRIDED = torch.strided
+    return _STRIDED
 
 
 def _unlink(name: str) -> None:
@@ -417,7 +429,6 @@ def _peer_map(name: str, total: int) -> mmap.mmap:
 # Tensors here over peers' buffers, by their storage's address: (buffer name, mapping
 # size). rpcnb.paths.zerocopy sends such a tensor on by handle instead of copying it again.
 _origins: dict[int, tuple[str, int]] = {}
-mapped = _origins  # the same dict, for a quick test elsewhere: is any tensor here over one?
 _forwarded: dict[str, int] = {}  # buffer name -> tensors here that hold it by a slot
 
 

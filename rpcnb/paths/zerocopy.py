@@ -126,7 +126,7 @@ def _count(**more: int) -> None:
 
 def can_share(tensor: Any) -> bool:
     """Whether ``tensor`` is in shared memory that this path could hand over by handle."""
-    return (tensor.is_cpu and not tensor.requires_grad and tensor.layout == _strided()
+    return (tensor.is_cpu and not tensor.requires_grad and tensor.layout == shm.strided()
             and tensor.untyped_storage().is_shared() and is_on())
 
 
@@ -135,22 +135,10 @@ def by_handle(tensor: Any) -> bool:
     pool buffer), so that its bytes take no time to arrive: a transfer of it needs no
     progress bar, nor the message that starts one."""
     if not getattr(tensor, "is_cpu", False) or tensor.requires_grad \
-            or tensor.layout != _strided() or tensor.is_quantized:
+            or tensor.layout != shm.strided() or tensor.is_quantized:
         return False
     return (tensor.untyped_storage().is_shared() or shm.origin_of(tensor) is not None) \
         and is_on()
-
-
-_STRIDED: Any = None
-
-
-def _strided() -> Any:
-    global _STRIDED
-    if _STRIDED is None:
-        import torch
-
-        _STRIDED = torch.strided
-    return _STRIDED
 
 
 def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
@@ -160,7 +148,7 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
     # buffer (this sits on every tensor sent; a tensor's attribute is about 70 ns here);
     # untyped_storage().is_shared() is tensor.is_shared() without its TypedStorage (1.4 us).
     # The layout comes first: a sparse tensor has no storage to ask.
-    if not tensor.is_cpu or tensor.layout is not (_STRIDED or _strided()):
+    if not tensor.is_cpu or tensor.layout is not shm.strided():
         return None
     shared = tensor.untyped_storage().is_shared()
     origin = None if shared else shm.origin_of(tensor)

@@ -414,10 +414,7 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
                     or not api._is_current_rpc_agent_set() \
                     or (_BUILTINS or _builtin_table()).get(id(func)) is not None:
                 return original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout)
-            info = api._to_worker_info(to)
-            data, tensors = api._default_pickler.serialize(
-                internal.PythonUDF(func, args or (), kwargs or {}))
-            return api._invoke_rpc_python_udf(info, data, tensors, rpc_timeout, False)
+            return _send_udf(to, func, args or (), kwargs or {}, rpc_timeout, False)
 
         @functools.wraps(original_invoke)
         def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
@@ -526,14 +523,17 @@ def send_python_call(to: str, func: Any, args: tuple[Any, ...], timeout: float) 
     around the send nor the call hooks above: the call's future. None when that Python has
     work to do (no agent; a torch profiler on): then ``rpc.rpc_async``. ``timeout`` in
     seconds, 0 for none. rpcnb's requests only (``protocol.send_async``; torch 2.11, 2.13)."""
-    if not api._is_current_rpc_agent_set() or torch.autograd._profiler_enabled():
+    if not api._is_current_rpc_agent_set() or _profiler_enabled():
         return None
-    # the destination first, as torch does: an unknown name fails before anything is
-    # pickled (a pushed tensor would have taken a shared buffer, or been handed over)
+    return _send_udf(to, func, args, {}, timeout, hasattr(func, "_wrapped_async_rpc_function"))
+
+
+def _send_udf(to: Any, func: Any, args: Any, kwargs: Any, timeout: float, is_async: bool) -> Any:
+    """The last branch of torch's ``_invoke_rpc``, the destination first, as torch's: an
+    unknown name fails before anything is pickled (or a pushed tensor handed over)."""
     info = api._to_worker_info(to)
-    data, tensors = api._default_pickler.serialize(internal.PythonUDF(func, args, {}))
-    return api._invoke_rpc_python_udf(info, data, tensors, timeout,
-                                      hasattr(func, "_wrapped_async_rpc_function"))
+    data, tensors = api._default_pickler.serialize(internal.PythonUDF(func, args, kwargs))
+    return api._invoke_rpc_python_udf(info, data, tensors, timeout, is_async)
 
 
 def rref_future(rref: Any) -> Any:
