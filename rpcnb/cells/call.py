@@ -20,7 +20,8 @@ from typing import Any
 
 from rpcnb import errors, machine, progress, telemetry
 from rpcnb.cells import profiles
-from rpcnb.cells.output import Printer, large
+from rpcnb.cells.output import large
+from rpcnb.cells.printer import Printer
 from rpcnb.errors import RemoteError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.paths import calls, zerocopy
 from rpcnb.session import protocol, roster, state

@@ -22,7 +22,7 @@ import threading
 from typing import Any
 
 from rpcnb import progress
-from rpcnb.cells import output
+from rpcnb.cells import output, printer
 from rpcnb.session import protocol, state
 
 KIND = "comm"  # an output item of this kind carries a comm message
@@ -278,4 +278,4 @@ def worker_died(worker: str) -> None:
     relayed.close_of(worker)
 
 
-output.set_comm_relay(relay)
+printer.set_comm_relay(relay)

@@ -7,12 +7,10 @@ thread runs, else (in a worker process) to the cell the process runs, else to th
 process's background capture, else where it would have gone. Text is coalesced and sent
 every ``FLUSH_INTERVAL``; ``display()`` and ``clear_output()`` are sent at once. A line
 rewritten with carriage returns (a progress bar) is sent as what a terminal would show
-(``squash``): a 4 s tqdm bar is a few dozen batches, not thousands of writes.
+(``squash``): a 4 s tqdm bar is a few dozen batches, not thousands of writes. A cell's
+or call's ``Capture`` is made at its first write: most write nothing.
 
-Where the cell was asked for, ``Printer`` writes each batch into the cell. With several
-workers each line is prefixed with its worker's name, and a line being rewritten (a
-progress bar) gets a region of its own per worker in a notebook, updated in place, so two
-workers' bars show as two moving lines.
+Where the cell was asked for, ``rpcnb.cells.printer`` writes each batch into the cell.
 """
 
 from __future__ import annotations
@@ -48,12 +46,6 @@ def squash(text: str, final: bool = True) -> str:
             core = "\r" + core[cr + 1:]
         parts[i] = core + ("\r" if last and part.endswith("\r") else "")
     return "\n".join(parts)
-
-
-def visible(line: str) -> str:
-    """What a terminal shows of one line (no ``\n``): the part after its last ``\r``."""
-    core = line.rstrip("\r")
-    return core[core.rfind("\r") + 1:]
 
 
 class Capture:
@@ -163,9 +155,23 @@ class _Local(threading.local):
     """A thread's routing (class defaults: a missing attribute of a plain threading.local
     costs half a microsecond, on every call another member makes)."""
 
-    capture: Capture | None = None  # the cell this thread runs
-    pending: tuple[str, str, str] | None = None  # a plain call's (sender, name, token)
+    capture: Capture | None = None  # the capture of the cell or call this thread runs
+    # the cell's or call's (call_id, caller, worker, token) while it has written nothing:
+    # its Capture is made at its first write (most write nothing)
+    pending: tuple[str | None, str, str, str] | None = None
     widget_outputs: list[Any] | None = None
+
+
+def _threads() -> Any:
+    """The threads of this process now (started ones included), to tell them from those a
+    cell starts: ``threading.enumerate()``'s threads, without its lock and list."""
+    active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
+    if type(active) is not dict or type(limbo) is not dict:
+        return set(threading.enumerate())
+    threads = set(active.values())
+    if limbo:
+        threads.update(limbo)
+    return threads
 
 
 class _Router:
@@ -175,8 +181,12 @@ class _Router:
         self.local = _Local()
         self.lock = threading.Lock()
         self.active: dict[int, Capture] = {}  # thread id -> capture, for the flusher
-        self.process: Capture | None = None  # in a worker process: the running cell's
-        self.before: set[threading.Thread] = set()  # threads that existed when it began
+        # in a worker process: the running cell ((call_id, caller, worker, token), and the
+        # id of the thread it runs on), its capture once something wrote, and the threads
+        # that existed when it began
+        self.cell: tuple[tuple[str | None, str, str, str], int] | None = None
+        self.process: Capture | None = None
+        self.before: Any = ()
         self.background: Capture | None = None  # in a worker process: outside any cell
         self.installed = False
 
@@ -189,37 +199,67 @@ class _Router:
         return stack
 
     def current(self) -> Capture | None:
-        cap = self.local.capture
+        """Where a write of this thread goes now (the capture is made at the first)."""
+        local = self.local
+        cap = local.capture
         if cap is not None:
             return cap
-        pending = self.local.pending
-        if pending is not None:  # a plain call another member made: its first write
-            cap = Capture(None, *pending)
-            self.enter(cap, process_wide=False)
-            return cap
+        pending = local.pending
+        if pending is not None:  # the cell or call this thread runs: its first write
+            return self._open(pending, own=True)
         # the running cell gets the output of the threads it started, not of threads
         # older than it (a thread an earlier cell left running prints to the background)
-        process = self.process
-        if process is not None and threading.current_thread() not in self.before:
-            return process
+        cell = self.cell
+        if cell is not None and threading.current_thread() not in self.before:
+            return self.process or self._open(cell[0], own=False)
         return self.background
 
-    def enter(self, cap: Capture, process_wide: bool) -> None:
-        """The calling thread runs the cell ``cap`` captures (the whole process does,
-        with ``process_wide``, so threads the cell starts are captured too)."""
-        self.local.capture = cap
+    def _open(self, args: tuple[str | None, str, str, str], own: bool) -> Capture | None:
+        """The capture of the cell or call ``args``, made at its first write. A process-wide
+        cell has one for all its threads, whichever writes first; ``own``: the calling
+        thread runs ``args`` (else it is a thread the cell started, and the cell may have
+        ended since: its write goes to the background)."""
         with self.lock:
+            cell = self.cell
+            if cell is not None and cell[0] is args:
+                cap = self.process
+                if cap is None:
+                    cap = self.process = Capture(*args)
+                    self.active[cell[1]] = cap
+                if own:
+                    self.local.capture = cap
+                return cap
+            if not own:
+                return self.background
+            cap = self.local.capture = Capture(*args)
             self.active[threading.get_ident()] = cap
-            if process_wide:
-                self.before = set(threading.enumerate())
-                self.process = cap
+            return cap
 
-    def leave(self, process_wide: bool) -> None:
-        self.local.capture = None
+    def enter(self, args: tuple[str | None, str, str, str], process_wide: bool) -> None:
+        """The calling thread runs the cell or call ``args`` (the whole process does, with
+        ``process_wide``, so threads the cell starts are captured too). Its ``Capture`` is
+        made at its first write: ``leave`` returns it, or None when nothing wrote."""
+        self.local.pending = args
+        if process_wide:
+            before = _threads()
+            with self.lock:
+                self.before = before
+                self.cell = (args, threading.get_ident())
+
+    def leave(self, process_wide: bool) -> Capture | None:
+        """The calling thread's cell or call ended: its capture, if anything wrote."""
+        local = self.local
+        cap = local.capture
+        local.capture = local.pending = None
+        if cap is None and not process_wide:
+            return None
         with self.lock:
             self.active.pop(threading.get_ident(), None)
             if process_wide:
-                self.process = None
+                cap = self.process
+                self.cell = self.process = None
+                self.before = ()
+        return cap
 
     def flush_all(self) -> None:
         with self.lock:
@@ -361,18 +401,18 @@ def capture_call(func: Any, sender: str) -> Any:
     try:
         run = _wrapped.get(key)
     except TypeError:  # a callable object that cannot be hashed
-        return _capturing(func, (sender, s.name, s.token))
+        return _capturing(func, (None, sender, s.name, s.token))
     if run is None:
         if len(_wrapped) > 256:  # functions sent by value arrive as new objects each time
             _wrapped.clear()
-        run = _wrapped[key] = _capturing(func, (sender, s.name, s.token))
+        run = _wrapped[key] = _capturing(func, (None, sender, s.name, s.token))
     return run
 
 
 _wrapped: dict[tuple[Any, str, str], Any] = {}
 
 
-def _capturing(func: Any, pending: tuple[str, str, str]) -> Any:
+def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:
     local = router.local
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -381,13 +421,12 @@ def _capturing(func: Any, pending: tuple[str, str, str]) -> Any:
         try:
             return func(*args, **kwargs)
         except Exception as exc:
-            raise sendable(exc, func, pending[1]) from None
+            raise sendable(exc, func, pending[2]) from None
         finally:
-            local.pending = None
-            cap = local.capture
-            if cap is not None:
-                router.leave(process_wide=False)
-                cap.close()
+            if local.capture is None:
+                local.pending = None
+            else:
+                router.leave(process_wide=False).close()  # type: ignore[union-attr]
 
     return run
 
@@ -443,133 +482,3 @@ def shell() -> Any:
     except ImportError:  # pragma: no cover - IPython is a dependency
         return None
     return get_ipython()
-
-
-_comm_relay: Any = None  # rpcnb.cells.comms.relay, once that module is loaded
-
-
-def set_comm_relay(relay: Any) -> None:
-    """Who takes a worker's comm messages in the member that shows its output."""
-    global _comm_relay
-    _comm_relay = relay
-
-
-def _in_kernel() -> bool:
-    """Whether this process is a Jupyter kernel (displays can be updated in place)."""
-    sh = shell()
-    return sh is not None and getattr(sh, "kernel", None) is not None
-
-
-def write_lines(name: str, text: str) -> None:
-    """Another member's output into this process's ``name`` stream, between its lines."""
-    out = sys.stdout if name == "stdout" else sys.stderr
-    getattr(out, "write_lines", out.write)(text)
-
-
-class Printer:
-    """Writes worker output into this process's cell, prefixed per line when several run.
-
-    With ``prefix``, a line still being written when its batch arrives is held until it
-    ends, except a line rewritten with carriage returns (a progress bar): in a notebook it
-    gets a region of its own per worker and stream (a display updated in place, marked with
-    the worker's name), which keeps the line once it ends; elsewhere only ended lines are
-    written."""
-
-    def __init__(self, prefix: bool) -> None:
-        self.prefix = prefix
-        self.partial: dict[tuple[str, str], str] = {}
-        self.live: dict[tuple[str, str], Any] = {}  # the region of a line being rewritten
-        self.regions = prefix and _in_kernel()
-        self.wrote = False
-        self.large = False  # a large batch went through: give memory back at the end
-        self.on_progress: Any = None  # called with a "progress" item's payload
-
-    def stream(self, worker: str, name: str, text: str) -> None:
-        self.wrote = True
-        if not self.prefix:
-            write_lines(name, text)
-            return
-        key = (worker, name)
-        buf = self.partial.get(key, "") + text
-        *lines, rest = buf.split("\n")
-        self.partial[key] = rest
-        if lines and key in self.live:  # the rewritten line ended: its region keeps it
-            self._show(key, visible(lines.pop(0)))
-            del self.live[key]
-        if lines:
-            write_lines(name, "".join(f"[{worker}] {visible(line)}\n" for line in lines))
-        if rest and self.regions and (key in self.live or "\r" in rest):
-            self._show(key, visible(rest))
-
-    def _show(self, key: tuple[str, str], line: str) -> None:
-        """The region of ``key``'s line being rewritten shows ``line`` (made at its first)."""
-        from IPython.display import display
-
-        body = {"text/plain": f"[{key[0]}] {line}"}
-        handle = self.live.get(key)
-        if handle is None:
-            self._flush_streams()  # what was written before the line stays above it
-            self.live[key] = display(body, raw=True, display_id=True)
-        else:
-            handle.update(body, raw=True)
-
-    @staticmethod
-    def _flush_streams() -> None:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:
-            pass
-
-    def display(self, kind: str, payload: dict[str, Any], worker: str = "") -> None:
-        if kind == "comm":  # a worker's widget talks to the front end (rpcnb.cells.comms)
-            if _comm_relay is not None:
-                _comm_relay(worker, payload)
-            return
-        if kind == "progress":  # a transfer's stages (rpcnb.progress.Transfers)
-            if self.on_progress is not None:
-                self.on_progress(payload)
-            return
-        self.wrote = True
-        try:
-            from IPython.display import clear_output, publish_display_data
-        except ImportError:  # pragma: no cover
-            return
-        if shell() is None:
-            if kind == "display":
-                print(payload["data"].get("text/plain", ""))
-            return
-        if kind == "clear":
-            clear_output(wait=payload.get("wait", False))
-        else:
-            publish_display_data(payload["data"], payload.get("metadata") or None,
-                                 transient=payload.get("transient") or None,
-                                 update=payload.get("update", False))
-
-    def items(self, worker: str, items: list[Any]) -> None:
-        """One batch of ``worker``'s output, in order."""
-        for kind, payload in items:
-            if kind in ("stdout", "stderr"):
-                self.stream(worker, kind, payload)
-            else:
-                self.display(kind, payload, worker)
-
-    def finish(self) -> None:
-        for (worker, name), rest in self.partial.items():
-            if (worker, name) in self.live:
-                if visible(rest):
-                    self._show((worker, name), visible(rest))
-            elif rest:
-                write_lines(name, f"[{worker}] {visible(rest)}\n")
-                self.wrote = True
-        self.partial.clear()
-        self.live.clear()
-        if not self.wrote:
-            # ipykernel gives every thread that flushes a socket of its own (closed 10 s
-            # after the thread ends): many short threads calling rpcnb.run would pile them up
-            return
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:
-            pass

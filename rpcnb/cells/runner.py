@@ -25,7 +25,7 @@ from typing import Any
 
 from rpcnb import errors, progress
 from rpcnb.cells import comms, profiles
-from rpcnb.cells.output import Capture, router
+from rpcnb.cells.output import router
 from rpcnb.paths import shm, ucx, zerocopy
 from rpcnb.session import protocol, state
 
@@ -84,7 +84,6 @@ class Job:
     zero_copy: bool = True  # False: a fetched tensor in shared memory is copied
     profile: bool = False  # run under torch.profiler (%%remote --profile)
     filename: str = ""
-    capture: Any = None  # its output's Capture, while it runs
 
 
 class CellRunner:
@@ -163,11 +162,13 @@ class CellRunner:
             return
         self.cells_run += 1
         job.filename = f"<{self.name} cell {self.cells_run}>"
-        cap = job.capture = Capture(job.call_id, job.caller, self.name, job.token)
-        router.enter(cap, process_wide=self.on_main)
+        # its output's Capture is made at its first write (most cells write nothing)
+        router.enter((job.call_id, job.caller, self.name, job.token), process_wide=self.on_main)
         t0 = time.perf_counter()
         if job.push and progress.payload_bytes(list(job.push.values()), free=_by_handle(job)) \
                 >= progress.large_transfer(state.current().one_host):
+            cap = router.current()
+            assert cap is not None  # this thread runs the cell
             cap.mark({"stage": "received", "worker": self.name})
         try:
             with self._lock:
@@ -188,12 +189,13 @@ class CellRunner:
                                 evalue=safe_str(exc) + more,
                                 traceback=format_exception(exc, job.filename) + more)
         finally:
-            router.leave(process_wide=self.on_main)
+            cap = router.leave(process_wide=self.on_main)
         result.duration = time.perf_counter() - t0
-        try:
-            result.outputs = cap.close()
-        except KeyboardInterrupt:
-            result.outputs = cap.close()
+        if cap is not None:
+            try:
+                result.outputs = cap.close()
+            except KeyboardInterrupt:
+                result.outputs = cap.close()
         # the reply is pickled on whichever thread completes or awaits the future: the
         # result itself says to copy (rpcnb.paths.serialize reads it)
         result.copy_tensors = not job.zero_copy
@@ -222,8 +224,10 @@ class CellRunner:
             # one (it cost about 0.8 ms of a 100 MB --fetch on one host)
             nbytes = progress.payload_bytes(value, free=_by_handle(job))
             if nbytes >= progress.large_transfer(state.current().one_host):
-                job.capture.out_of_band("progress", {"stage": "sending", "worker": self.name,
-                                                     "bytes": nbytes})
+                cap = router.current()
+                assert cap is not None  # this thread runs the cell
+                cap.out_of_band("progress", {"stage": "sending", "worker": self.name,
+                                             "bytes": nbytes})
             return CellResult(self.name, True, value=value, has_value=True)
         return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rpcnb import telemetry
-from rpcnb.cells import call, comms, output
+from rpcnb.cells import call, comms, output, printer
 from rpcnb.cells.runner import Job
 from rpcnb.membership import collectives, leave, start
 from rpcnb.observe import channels, doctor, values
@@ -56,9 +56,9 @@ def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[
     """A batch of output from a cell this process sent (or, with ``call_id=None``, from a
     worker process outside any cell: shown wherever this process is)."""
     if call_id is None:
-        printer = output.Printer(prefix=True)
-        printer.items(worker, [(k, p) for k, p in items if k in ("stdout", "stderr", comms.KIND)])
-        printer.finish()
+        lines = printer.Printer(prefix=True)
+        lines.items(worker, [(k, p) for k, p in items if k in ("stdout", "stderr", comms.KIND)])
+        lines.finish()
         return
     call.deliver(s, call_id, worker, seq, items)
 

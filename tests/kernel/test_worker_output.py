@@ -70,6 +70,22 @@ def test_partial_lines_are_kept_and_stay_in_their_cell(group):
     assert after.stdout == "next\n" and not after.displays
 
 
+def test_a_thread_the_cell_started_is_heard_when_the_cell_itself_prints_nothing(group):
+    """A cell's output is captured from its first write, whichever of its threads makes it:
+    a thread it started, while the cell's own thread writes nothing (or only later)."""
+    out = group.execute("%%remote --all\nimport threading\n"
+                        "t = threading.Thread(target=print, args=('from its thread',))\n"
+                        "t.start()\nt.join()", timeout=60)
+    assert sorted(out.stdout.splitlines()) == ["[worker1] from its thread",
+                                               "[worker2] from its thread"], out.stdout
+    out = group.execute("%%remote worker1\nimport threading\n"
+                        "t = threading.Thread(target=print, args=('first',))\n"
+                        "t.start()\nt.join()\nprint('then the cell')", timeout=60)
+    assert out.stdout == "first\nthen the cell\n", out.stdout
+    # the next cell starts with nothing of these
+    assert group.execute("%%remote worker1\n1 + 1").stdout == ""
+
+
 def test_background_cell_bars_reach_the_cell_that_started_it(group):
     bg = group.execute("%%remote --all --bg\n" + TQDM_CELL.replace("0.1", "0.05"), timeout=30)
     group.execute("1 + 1")  # another cell runs meanwhile
