@@ -162,16 +162,25 @@ class _Local(threading.local):
     widget_outputs: list[Any] | None = None
 
 
-def _threads() -> Any:
-    """The threads of this process now (started ones included), to tell them from those a
-    cell starts: ``threading.enumerate()``'s threads, without its lock and list."""
-    active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
-    if type(active) is not dict or type(limbo) is not dict:
-        return set(threading.enumerate())
-    threads = set(active.values())
-    if limbo:
-        threads.update(limbo)
-    return threads
+class _Threads:
+    """The threads of this process at one moment, started ones included (``t in``: was
+    ``t`` among them): a copy of threading's own table, without ``threading.enumerate()``'s
+    lock and list, and without hashing each thread (a cell takes one as it begins)."""
+
+    __slots__ = ("active", "limbo")
+
+    def __init__(self) -> None:
+        active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
+        if type(active) is dict and type(limbo) is dict:
+            self.active: dict[Any, threading.Thread] = active.copy()  # ident -> thread
+            self.limbo: tuple[threading.Thread, ...] = tuple(limbo) if limbo else ()
+        else:  # another Python's threading: its public view
+            self.active = {t.ident: t for t in threading.enumerate()}
+            self.limbo = ()
+
+    def __contains__(self, thread: threading.Thread) -> bool:
+        # an ident is reused once its thread ends: the thread itself must be the one seen
+        return self.active.get(thread.ident) is thread or thread in self.limbo
 
 
 class _Router:
@@ -186,7 +195,7 @@ class _Router:
         # that existed when it began
         self.cell: tuple[tuple[str | None, str, str, str], int] | None = None
         self.process: Capture | None = None
-        self.before: Any = ()
+        self.before: _Threads | tuple[()] = ()
         self.background: Capture | None = None  # in a worker process: outside any cell
         self.installed = False
 
@@ -241,7 +250,7 @@ class _Router:
         made at its first write: ``leave`` returns it, or None when nothing wrote."""
         self.local.pending = args
         if process_wide:
-            before = _threads()
+            before = _Threads()
             with self.lock:
                 self.before = before
                 self.cell = (args, threading.get_ident())
