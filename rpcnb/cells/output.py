@@ -126,8 +126,9 @@ class Capture:
         time the bytes still on their way take at the floor rate); returns the batch
         count."""
         with self._lock:
-            # a cell that wrote nothing (most): no batch was taken (a flush under way on
-            # the flusher thread counts its batch first), so none is left to wait for
+            # nothing left and no batch taken (the capture of a cell whose one item was
+            # a transfer's mark, say; a flush under way on the flusher thread counts its
+            # batch first): none is left to wait for
             if not self._items and not self._seq:
                 return 0
             self._items = [item for item in self._items if item[0] != "progress"]
@@ -172,15 +173,33 @@ class _Threads:
     def __init__(self) -> None:
         active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
         if type(active) is dict and type(limbo) is dict:
-            self.active: dict[Any, threading.Thread] = active.copy()  # ident -> thread
+            # limbo first: a thread that leaves it for the running table meanwhile is in
+            # one copy or the other (the other order could miss it)
             self.limbo: tuple[threading.Thread, ...] = tuple(limbo) if limbo else ()
+            self.active: dict[Any, threading.Thread] = active.copy()  # ident -> thread
         else:  # another Python's threading: its public view
-            self.active = {t.ident: t for t in threading.enumerate()}
-            self.limbo = ()
+            threads = threading.enumerate()
+            self.active = {t.ident: t for t in threads if t.ident is not None}
+            self.limbo = tuple(t for t in threads if t.ident is None)
 
     def __contains__(self, thread: threading.Thread) -> bool:
         # an ident is reused once its thread ends: the thread itself must be the one seen
         return self.active.get(thread.ident) is thread or thread in self.limbo
+
+
+class _Cell:
+    """A cell a worker process runs (its output is the whole process's): its capture's
+    arguments (call_id, caller, worker, token), the thread it runs on, the threads that
+    existed when it began, and its capture once something wrote. Threads read it as one
+    object, so a thread of an ended cell never writes into the next cell's capture."""
+
+    __slots__ = ("args", "ident", "before", "capture")
+
+    def __init__(self, args: tuple[str | None, str, str, str]) -> None:
+        self.args = args
+        self.ident = threading.get_ident()
+        self.before = _Threads()
+        self.capture: Capture | None = None
 
 
 class _Router:
@@ -190,12 +209,7 @@ class _Router:
         self.local = _Local()
         self.lock = threading.Lock()
         self.active: dict[int, Capture] = {}  # thread id -> capture, for the flusher
-        # in a worker process: the running cell ((call_id, caller, worker, token), and the
-        # id of the thread it runs on), its capture once something wrote, and the threads
-        # that existed when it began
-        self.cell: tuple[tuple[str | None, str, str, str], int] | None = None
-        self.process: Capture | None = None
-        self.before: _Threads | tuple[()] = ()
+        self.cell: _Cell | None = None  # in a worker process: the cell it runs
         self.background: Capture | None = None  # in a worker process: outside any cell
         self.installed = False
 
@@ -215,30 +229,30 @@ class _Router:
             return cap
         pending = local.pending
         if pending is not None:  # the cell or call this thread runs: its first write
-            return self._open(pending, own=True)
+            return self._open(pending, None)
         # the running cell gets the output of the threads it started, not of threads
         # older than it (a thread an earlier cell left running prints to the background)
         cell = self.cell
-        if cell is not None and threading.current_thread() not in self.before:
-            return self.process or self._open(cell[0], own=False)
+        if cell is not None and threading.current_thread() not in cell.before:
+            return cell.capture or self._open(cell.args, cell)
         return self.background
 
-    def _open(self, args: tuple[str | None, str, str, str], own: bool) -> Capture | None:
-        """The capture of the cell or call ``args``, made at its first write. A process-wide
-        cell has one for all its threads, whichever writes first; ``own``: the calling
-        thread runs ``args`` (else it is a thread the cell started, and the cell may have
-        ended since: its write goes to the background)."""
+    def _open(self, args: tuple[str | None, str, str, str], started_by: _Cell | None) -> Capture | None:
+        """The capture of the cell or call ``args``, made at its first write: by the thread
+        that runs it, or (``started_by``) by a thread that cell started, whose cell may
+        have ended since (its write then goes to the background). A worker process's
+        cell has one capture for all its threads, whichever writes first."""
         with self.lock:
             cell = self.cell
-            if cell is not None and cell[0] is args:
-                cap = self.process
+            if cell is not None and cell.args is args:
+                cap = cell.capture
                 if cap is None:
-                    cap = self.process = Capture(*args)
-                    self.active[cell[1]] = cap
-                if own:
+                    cap = cell.capture = Capture(*args)
+                    self.active[cell.ident] = cap
+                if started_by is None:
                     self.local.capture = cap
                 return cap
-            if not own:
+            if started_by is not None:
                 return self.background
             cap = self.local.capture = Capture(*args)
             self.active[threading.get_ident()] = cap
@@ -248,12 +262,14 @@ class _Router:
         """The calling thread runs the cell or call ``args`` (the whole process does, with
         ``process_wide``, so threads the cell starts are captured too). Its ``Capture`` is
         made at its first write: ``leave`` returns it, or None when nothing wrote."""
-        self.local.pending = args
+        local = self.local
+        local.capture = None  # one an interrupted cell may have left is not this one's
+        local.pending = args
         if process_wide:
-            before = _Threads()
+            cell = _Cell(args)
             with self.lock:
-                self.before = before
-                self.cell = (args, threading.get_ident())
+                self.active.pop(cell.ident, None)
+                self.cell = cell
 
     def leave(self, process_wide: bool) -> Capture | None:
         """The calling thread's cell or call ended: its capture, if anything wrote."""
@@ -265,9 +281,9 @@ class _Router:
         with self.lock:
             self.active.pop(threading.get_ident(), None)
             if process_wide:
-                cap = self.process
-                self.cell = self.process = None
-                self.before = ()
+                cell, self.cell = self.cell, None
+                if cell is not None:
+                    cap = cell.capture
         return cap
 
     def flush_all(self) -> None:

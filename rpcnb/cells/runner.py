@@ -162,15 +162,17 @@ class CellRunner:
             return
         self.cells_run += 1
         job.filename = f"<{self.name} cell {self.cells_run}>"
-        # its output's Capture is made at its first write (most cells write nothing)
-        router.enter((job.call_id, job.caller, self.name, job.token), process_wide=self.on_main)
         t0 = time.perf_counter()
-        if job.push and progress.payload_bytes(list(job.push.values()), free=_by_handle(job)) \
-                >= progress.large_transfer(state.current().one_host):
-            cap = router.current()
-            assert cap is not None  # this thread runs the cell
-            cap.mark({"stage": "received", "worker": self.name})
         try:
+            # its output's Capture is made at its first write (most cells write nothing);
+            # entered inside the try, so that an interrupt cannot skip the leave
+            router.enter((job.call_id, job.caller, self.name, job.token), self.on_main)
+            if job.push and progress.payload_bytes(list(job.push.values()),
+                                                   free=_by_handle(job)) \
+                    >= progress.large_transfer(state.current().one_host):
+                cap = router.current()
+                assert cap is not None  # this thread runs the cell
+                cap.mark({"stage": "received", "worker": self.name})
             with self._lock:
                 self._current = job
             try:
