@@ -203,8 +203,9 @@ def check_a3c(run: Run) -> None:
     # it learned: what the moving mean reached in the second half. The last 20 episodes
     # alone are too noisy a measure: 3.4-15x the first 20 in 82 runs here (real ones and a
     # simulation of the two actors' updates), but 1.7x once in CI (asynchronous RL may peak
-    # and fall back before its end)
-    assert best >= 2 * first, f"the reward did not rise enough: {first} -> best {best}"
+    # and fall back before its end). The best window is biased upward: with no learning at
+    # all it was 0.93-1.93x the first 20 (30 simulated runs), hence 2.5x
+    assert best >= 2.5 * first, f"the reward did not rise enough: {first} -> best {best}"
     assert last > first, f"the reward fell back below its start: {first} -> {last}"
     assert run.number(r"(\d+) episodes in [\d.]+ s") == 300
     assert run.number(r"(\d+) lines of communication code") <= 12  # the paper's "about ten"
