@@ -229,19 +229,30 @@ class _Router:
             return cap
         pending = local.pending
         if pending is not None:  # the cell or call this thread runs: its first write
-            return self._open(pending, None)
+            return self._open(pending, own=True)
         # the running cell gets the output of the threads it started, not of threads
         # older than it (a thread an earlier cell left running prints to the background)
         cell = self.cell
         if cell is not None and threading.current_thread() not in cell.before:
-            return cell.capture or self._open(cell.args, cell)
+            return cell.capture or self._open(cell.args, own=False)
         return self.background
 
-    def _open(self, args: tuple[str | None, str, str, str], started_by: _Cell | None) -> Capture | None:
+    def opened(self) -> Capture:
+        """The capture of the cell or call the calling thread runs, made now if nothing
+        has written yet (a transfer's progress goes with its output)."""
+        cap = self.local.capture
+        if cap is None:
+            args = self.local.pending
+            assert args is not None, "this thread runs no cell or call"
+            cap = self._open(args, own=True)
+            assert cap is not None  # its own capture, never the background
+        return cap
+
+    def _open(self, args: tuple[str | None, str, str, str], own: bool) -> Capture | None:
         """The capture of the cell or call ``args``, made at its first write: by the thread
-        that runs it, or (``started_by``) by a thread that cell started, whose cell may
-        have ended since (its write then goes to the background). A worker process's
-        cell has one capture for all its threads, whichever writes first."""
+        that runs it (``own``), or by a thread that cell started, whose cell may have
+        ended since (its write then goes to the background). A worker process's cell has
+        one capture for all its threads, whichever writes first."""
         with self.lock:
             cell = self.cell
             if cell is not None and cell.args is args:
@@ -249,10 +260,10 @@ class _Router:
                 if cap is None:
                     cap = cell.capture = Capture(*args)
                     self.active[cell.ident] = cap
-                if started_by is None:
+                if own:
                     self.local.capture = cap
                 return cap
-            if started_by is not None:
+            if not own:
                 return self.background
             cap = self.local.capture = Capture(*args)
             self.active[threading.get_ident()] = cap
@@ -448,10 +459,12 @@ def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:
         except Exception as exc:
             raise sendable(exc, func, pending[2]) from None
         finally:
-            if local.capture is None:
+            if local.capture is None:  # it wrote nothing (most calls)
                 local.pending = None
             else:
-                router.leave(process_wide=False).close()  # type: ignore[union-attr]
+                cap = router.leave(process_wide=False)
+                if cap is not None:
+                    cap.close()
 
     return run
 

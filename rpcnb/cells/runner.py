@@ -170,9 +170,7 @@ class CellRunner:
             if job.push and progress.payload_bytes(list(job.push.values()),
                                                    free=_by_handle(job)) \
                     >= progress.large_transfer(state.current().one_host):
-                cap = router.current()
-                assert cap is not None  # this thread runs the cell
-                cap.mark({"stage": "received", "worker": self.name})
+                router.opened().mark({"stage": "received", "worker": self.name})
             with self._lock:
                 self._current = job
             try:
@@ -226,10 +224,8 @@ class CellRunner:
             # one (it cost about 0.8 ms of a 100 MB --fetch on one host)
             nbytes = progress.payload_bytes(value, free=_by_handle(job))
             if nbytes >= progress.large_transfer(state.current().one_host):
-                cap = router.current()
-                assert cap is not None  # this thread runs the cell
-                cap.out_of_band("progress", {"stage": "sending", "worker": self.name,
-                                             "bytes": nbytes})
+                router.opened().out_of_band("progress", {"stage": "sending",
+                                                         "worker": self.name, "bytes": nbytes})
             return CellResult(self.name, True, value=value, has_value=True)
         return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
 
