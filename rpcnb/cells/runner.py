@@ -187,7 +187,7 @@ class CellRunner:
             more = f"\n{missing}" if missing else ""
             result = CellResult(self.name, False, ename=type(exc).__name__,
                                 evalue=safe_str(exc) + more,
-                                traceback=format_exception(exc, job.filename) + more)
+                                traceback=format_exception(exc, job.filename, job.source) + more)
         finally:
             cap = router.leave(process_wide=self.on_main)
         result.duration = time.perf_counter() - t0
@@ -270,41 +270,59 @@ def plain_python(source: str) -> bool:
 def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
     """Execute a cell; return (value of the last expression, whether there was one)."""
     # a cell found plain before (a loop of ``rpcnb.run(w, "step()")``) is not tested again
-    if shell is not None and source not in _PLAIN:
-        if not plain_python(source):
-            source = shell.transform_cell(source)
-        elif len(source) < 4096:
+    plain = shell is None or source in _PLAIN
+    if plain:
+        kept = _CODE.get(source)
+        if kept is not None and kept[3] is not None:
+            # run before, and with no code of its own: its code runs as compiled for the
+            # first run (a code object made for each run cost about a tenth of a no-op
+            # cell's round trip: making it, and the interpreter warming it up each time).
+            # Its frames carry the first run's name; format_exception shows this run's
+            body, last, _, lines = kept
+            if linecache.cache.get(lines[3]) is not lines:
+                linecache.cache[lines[3]] = lines  # a traceback printed by the cell needs it
+            exec(body, ns)
+            return (None, False) if last is None else (eval(last, ns), True)
+    elif not plain_python(source):
+        source = shell.transform_cell(source)
+    else:
+        plain = True
+        if len(source) < 4096:
             if len(_PLAIN) >= _CODE_KEPT:
                 _PLAIN.clear()
             _PLAIN.add(source)
     lines = linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    body, last, leaf = _compiled(source, filename)
+    body, last, leaf = _compiled(source, filename, lines if plain else None)
     exec(body, ns)
     value, has_value = (None, False) if last is None else (eval(last, ns), True)
-    if leaf and linecache.cache.get(filename) is lines:
+    if leaf and linecache.cache.get(filename) is lines and _CODE.get(source, _NONE)[3] is not lines:
         # it ran, and made no code object (function, class, lambda, generator expression;
         # a comprehension before Python 3.12, which inlines them) that would keep its name:
         # nothing asks for its lines again (a failed cell's stay, for its traceback). A
+        # plain one's stay as long as its code is kept: one entry however often it runs. A
         # loop of ``rpcnb.run(w, "step()")`` leaves no entry per cell. The cell may have
         # cleared linecache itself (torch.compile's workers do): then there is none to drop
         linecache.cache.pop(filename, None)
     return value, has_value
 
 
-# source -> its compiled body, its last expression, and whether neither holds code of its own
-_CODE: dict[str, tuple[Any, Any, bool]] = {}
+# source -> its compiled body, its last expression, whether neither holds code of its own,
+# and, for a plain cell with none, its lines as linecache holds them (its first run's name)
+_CODE: dict[str, tuple[Any, Any, bool, Any]] = {}
 _CODE_KEPT = 256
 _PLAIN: set[str] = set()  # cells found plain Python (``plain_python``), as many as _CODE
+_NONE = (None, None, False, None)
 
 
-def _compiled(source: str, filename: str) -> tuple[Any, Any, bool]:
+def _compiled(source: str, filename: str, lines: Any) -> tuple[Any, Any, bool]:
     """The cell's code: its body, its last expression (None when it has none), and whether
     neither holds code objects of its own (functions, classes, lambdas, generators). A
-    cell run again (a loop of ``rpcnb.run(w, "step()")``) is parsed and compiled once, its
-    code renamed after the new cell (tracebacks name the cell that ran)."""
+    cell run again is parsed and compiled once; one with code of its own has it renamed
+    after the new cell (a function keeps the name of the run that made it). ``lines``:
+    the linecache entry of a plain cell, kept with a code that needs no renaming."""
     kept = _CODE.get(source)
     if kept is not None:
-        body, last, leaf = kept
+        body, last, leaf, _ = kept
         return (_renamed(body, filename), None if last is None else _renamed(last, filename),
                 leaf)
     tree = ast.parse(source, filename, "exec")
@@ -318,8 +336,12 @@ def _compiled(source: str, filename: str) -> tuple[Any, Any, bool]:
                    for code in (body, last) if code is not None for c in code.co_consts)
     if len(source) < 4096:
         if len(_CODE) >= _CODE_KEPT:
+            for *_, entry in list(_CODE.values()):  # a kept cell's lines go with it
+                name = None if entry is None else entry[3]
+                if name is not None and linecache.cache.get(name) is entry:
+                    linecache.cache.pop(name, None)
             _CODE.clear()
-        _CODE[source] = (body, last, leaf)
+        _CODE[source] = (body, last, leaf, lines if leaf else None)
     return body, last, leaf
 
 
@@ -341,12 +363,19 @@ def safe_str(exc: BaseException) -> str:
         return f"<its message cannot be shown: {type(err).__name__} in {type(exc).__name__}.__str__>"
 
 
-def format_exception(exc: BaseException, filename: str) -> str:
-    """The traceback from the cell's own frames on (rpcnb's frames dropped)."""
+def format_exception(exc: BaseException, filename: str, source: str | None = None) -> str:
+    """The traceback from the cell's own frames on (rpcnb's frames dropped). ``source``: the
+    cell's, whose kept code may carry the name of its first run (``run_source``): its
+    frames are shown under ``filename``, the run's own."""
     te = traceback.TracebackException.from_exception(exc)
     frames = list(te.stack)
+    kept = _CODE.get(source, _NONE)[3] if source is not None else None
+    first = filename if kept is None else kept[3]
     for i, fr in enumerate(frames):
-        if fr.filename == filename:
+        if fr.filename == filename or fr.filename == first:
+            for later in frames[i:]:
+                if later.filename == first:
+                    later.filename = filename  # its line was read under its own name
             te.stack = traceback.StackSummary.from_list(frames[i:])
             break
     else:

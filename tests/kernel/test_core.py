@@ -268,6 +268,14 @@ def test_remote_error_names_worker_and_cell_line(group):
     one, two = re.findall(r"<worker1 cell (\d+)>", first), re.findall(r"<worker1 cell (\d+)>", second)
     assert one and two and len(set(one)) == 1 and set(two) == {str(int(one[0]) + 1)}, (first, second)
     assert "return 1 / 0" in second
+    # a plain cell with no code of its own runs the code of its first run again
+    # (rpcnb.cells.runner.run_source): its traceback names the run all the same
+    leaf = "%%remote worker1\nz = 0\n1 / z"
+    first = group.execute(leaf, allow_error=True).traceback
+    second = group.execute(leaf, allow_error=True).traceback
+    one, two = re.findall(r"<worker1 cell (\d+)>", first), re.findall(r"<worker1 cell (\d+)>", second)
+    assert one and two and set(two) == {str(int(one[0]) + 1)}, (first, second)
+    assert "1 / z" in second and "line 2" in second, second
     # a cell sent to several: one raises, the other's result is not lost
     both = group.execute("%%remote --all --fetch\nimport torch.distributed.rpc as rpc\n"
                          "me = rpc.get_worker_info().name\n1 / 0 if me == 'worker1' else me * 2",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from typing import Any
 
 import pytest
 
@@ -58,15 +59,60 @@ def test_a_cell_run_again_names_itself_in_its_traceback(shell):
         assert other not in tb
 
 
+def _deepest(exc: BaseException) -> Any:
+    """The code of the frame an exception was raised in."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb is not None
+    return tb.tb_frame.f_code
+
+
+def test_a_plain_cell_run_again_runs_its_first_code_and_its_traceback_names_this_run(shell):
+    import linecache
+
+    ns = shell.user_ns
+    cell = "import traceback\ntry:\n    1 / d\nexcept ZeroDivisionError:\n    traceback.print_exc()\n1 / d"
+    ran = []
+    for i in (1, 2, 3):
+        ns["d"] = 0
+        with pytest.raises(ZeroDivisionError) as caught:
+            runner.run_source(cell, f"<worker1 cell {i}>", ns, shell)
+        ran.append(_deepest(caught.value))
+        tb = runner.format_exception(caught.value, f"<worker1 cell {i}>", cell)
+        assert f'File "<worker1 cell {i}>", line 6' in tb and "1 / d" in tb, tb
+        assert "cell 1>" not in tb or i == 1, tb  # shown under this run's name
+    # the second and third runs took the code of the first, compiled once, not a copy
+    assert ran[1] is ran[2] and ran[1].co_filename == "<worker1 cell 1>"
+    # while it runs, its lines are there for a traceback the cell prints itself
+    linecache.clearcache()
+    ns["d"] = 1
+    printed = runner.run_source("import io, traceback\nout = io.StringIO()\ntry:\n    1 / (d - 1)"
+                                "\nexcept ZeroDivisionError:\n    traceback.print_exc(file=out)"
+                                "\nout.getvalue()", "<worker1 cell 4>", ns, shell)[0]
+    again = runner.run_source("import io, traceback\nout = io.StringIO()\ntry:\n    1 / (d - 1)"
+                              "\nexcept ZeroDivisionError:\n    traceback.print_exc(file=out)"
+                              "\nout.getvalue()", "<worker1 cell 5>", ns, shell)[0]
+    assert "1 / (d - 1)" in printed and "1 / (d - 1)" in again, again
+    # a cell of IPython syntax is transformed each time, and renamed after each run
+    ns["d"] = 0
+    for i in (6, 7):
+        with pytest.raises(ZeroDivisionError) as caught:
+            runner.run_source("x = !echo 1\n1 / d", f"<worker1 cell {i}>", ns, shell)
+        assert _deepest(caught.value).co_filename == f"<worker1 cell {i}>"
+
+
 def test_a_loop_of_cells_leaves_no_lines_behind_but_what_may_be_asked_for(shell):
     import inspect
     import linecache
 
     ns = shell.user_ns
-    before = len(linecache.cache)
-    for i in range(300):  # rpcnb.run(w, "x = ...") in a loop: no entry per cell stays
+    old, before = dict(linecache.cache), len(linecache.cache)
+    for i in range(300):  # rpcnb.run(w, "x = ...") in a loop: no entry per cell stays,
         runner.run_source("y = 2 * 21\ny", f"<w loop {i}>", ns, shell)
-    assert len(linecache.cache) == before
+    # only the one its kept code reads, under the name of its first run
+    assert set(linecache.cache) - set(old) == {"<w loop 0>"}
+    assert len(linecache.cache) == before + 1
     # a cell that defines a function keeps its lines: its source and tracebacks need them
     runner.run_source("def g():\n    return 1 / 0", "<w def>", ns, shell)
     assert inspect.getsource(ns["g"]) == "def g():\n    return 1 / 0"
