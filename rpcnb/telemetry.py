@@ -49,19 +49,40 @@ _lock = threading.Lock()
 _records: deque[Record] = deque(maxlen=CAPACITY)
 _counts: dict[str, int] = {}
 _listeners: list[Any] = []
+_later: deque[tuple[Any, ...]] = deque()  # recorded while no one listened, not yet Records
 
 
 def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
            ok: bool = True, channel: str = "", ran: float = 0.0) -> None:
     """Add one record (and tell the listeners); ``ran``: the part of ``duration`` that user
     code ran on the peer, which latency figures leave out."""
+    if not _listeners:
+        # no one listens: its fields wait, and become a Record when records are read (a
+        # deque's append needs no lock; this is the last thing a remote cell's caller does)
+        _later.append((peer, op, start, duration, nbytes, ok, channel, ran))
+        if len(_later) >= CAPACITY:
+            with _lock:
+                _settle()
+        return
     rec = Record(peer, op, start, duration, nbytes, ok, channel, ran)
     with _lock:
+        _settle()
         _records.append(rec)
         _counts[peer] = _counts.get(peer, 0) + 1
         listeners = tuple(_listeners)  # a snapshot: others may (un)subscribe meanwhile
     for listener in listeners:
         listener(rec)
+
+
+def _settle() -> None:
+    """Make the records that waited (``record``) Records, in order (under ``_lock``)."""
+    while _later:
+        try:
+            fields = _later.popleft()
+        except IndexError:  # another thread settled it meanwhile
+            return
+        _records.append(Record(*fields))
+        _counts[fields[0]] = _counts.get(fields[0], 0) + 1
 
 
 def count(peer: str) -> None:
@@ -123,6 +144,7 @@ def unsubscribe(listener: Any) -> None:
 def records(peer: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
     """Recorded calls, oldest first, as plain dicts."""
     with _lock:
+        _settle()
         recs = list(_records)
     return [asdict(r) for r in recs if (peer is None or r.peer == peer) and r.start >= since]
 
@@ -137,6 +159,7 @@ def summary(peer: str, recent: int = 20) -> dict[str, Any]:
     rpcnb, without the time user code ran there) and bytes/s over the records kept;
     ``recent_ms``: the median latency of the last ``recent`` calls."""
     with _lock:
+        _settle()
         count = _counts.get(peer, 0)
         recs = [r for r in _records if r.peer == peer]
     durs = sorted(r.latency for r in recs)
@@ -156,6 +179,7 @@ def summary(peer: str, recent: int = 20) -> dict[str, Any]:
 def clear() -> None:
     """Forget every record (a new group starts)."""
     with _lock:
+        _later.clear()
         _records.clear()
         _counts.clear()
 
