@@ -39,7 +39,7 @@ def run_cell(s: Session, call_id: str, caller: str, source: str, fetch: bool,
     memory is copied, not shared)."""
     if s.runner is None:
         raise RuntimeError(NO_RUNNER)
-    fut: torch.futures.Future = torch.futures.Future()
+    fut: torch.futures.Future = s.runner.future()
     s.runner.submit(Job(s.token, call_id, caller, source, fetch, push, fut,
                         zero_copy=bool(zero_copy), profile=bool(profile)))
     return fut

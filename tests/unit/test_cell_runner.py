@@ -191,3 +191,33 @@ def test_the_caller_reads_every_form_a_result_travels_in():
                         ("an RRef", 0, 0.125, None)]
     error = read[3][3]
     assert isinstance(error, RemoteError) and (error.worker, error.ename) == ("w1", "ValueError")
+
+
+def test_a_cells_future_is_made_while_the_runner_is_idle_and_handed_out_once():
+    import time
+
+    from rpcnb.cells.runner import CellRunner, Job
+
+    r = CellRunner("w", {}, None)
+    thread = r.start_thread()
+    try:
+        futures: list[Any] = []
+        for i in range(5):
+            fut = r.future()
+            assert all(fut is not f for f in futures)  # never one a cell had
+            r.submit(Job("token", f"call{i}", "me", f"x = {i}", False, {}, fut))
+            duration, outputs = fut.wait()  # a cell with no value answers as a plain tuple
+            assert duration >= 0 and outputs == 0 and r.namespace["x"] == i
+            futures.append(fut)
+            # once it answered, the runner makes the next cell's Future while it waits
+            deadline = time.monotonic() + 5
+            while not r._spare and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert len(r._spare) == 1 and not r._spare[0].done()
+        # two requests at once (two RPC threads): the second makes its own
+        first, second = r.future(), r.future()
+        assert first is not second and not first.done() and not second.done()
+    finally:
+        r.stop()
+        thread.join(5)
+    assert not thread.is_alive()
