@@ -1,7 +1,8 @@
 """Every call rpcnb makes or serves, recorded: peer, operation, bytes, channel, duration.
 
-A bounded ring buffer per process, cheap enough to sit on every call (one deque append
-under a lock), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
+A bounded ring buffer per process, cheap enough to sit on every call (one deque append:
+while no listener is subscribed, of the record's fields, made a Record when read; under a
+lock otherwise), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
 records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry points so that plain
 ``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too:
 every call is counted, an ``rpc_sync`` call is also timed (where it waits), and an
