@@ -177,7 +177,7 @@ def run_here(source: str) -> tuple[Any, BaseException | None]:
         return value, None
     except Exception as exc:
         return None, RemoteError(LOCAL, type(exc).__name__, runner.safe_str(exc),
-                                 runner.format_exception(exc, filename, source))
+                                 runner.format_exception(exc, filename))
 
 
 def prepare(s: Session, target: str | Iterable[str] | None, source: str,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import ctypes
 import linecache
 import operator
@@ -204,7 +205,7 @@ class CellRunner:
             more = f"\n{missing}" if missing else ""
             result = CellResult(self.name, False, ename=type(exc).__name__,
                                 evalue=safe_str(exc) + more,
-                                traceback=format_exception(exc, job.filename, job.source) + more)
+                                traceback=format_exception(exc, job.filename) + more)
         finally:
             cap = router.leave(process_wide=self.on_main)
         result.duration = time.perf_counter() - t0
@@ -294,12 +295,19 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
             # run before, and with no code of its own: its code runs as compiled for the
             # first run (a code object made for each run cost about a tenth of a no-op
             # cell's round trip: making it, and the interpreter warming it up each time).
-            # Its frames carry the first run's name; format_exception shows this run's
+            # Its frames carry the first run's name (so do a traceback or a warning the
+            # cell prints itself); format_exception shows this run's
             body, last, _, lines = kept
             if linecache.cache.get(lines[3]) is not lines:
                 linecache.cache[lines[3]] = lines  # a traceback printed by the cell needs it
-            exec(body, ns)
-            return (None, False) if last is None else (eval(last, ns), True)
+            try:
+                exec(body, ns)
+                return (None, False) if last is None else (eval(last, ns), True)
+            except BaseException as exc:
+                # what format_exception needs, even once this code is no longer kept
+                with contextlib.suppress(Exception):
+                    exc._rpcnb_ran_as = lines  # type: ignore[attr-defined]
+                raise
     elif not plain_python(source):
         source = shell.transform_cell(source)
     else:
@@ -380,21 +388,41 @@ def safe_str(exc: BaseException) -> str:
         return f"<its message cannot be shown: {type(err).__name__} in {type(exc).__name__}.__str__>"
 
 
-def format_exception(exc: BaseException, filename: str, source: str | None = None) -> str:
-    """The traceback from the cell's own frames on (rpcnb's frames dropped). ``source``: the
-    cell's, whose kept code may carry the name of its first run (``run_source``): its
-    frames are shown under ``filename``, the run's own."""
-    te = traceback.TracebackException.from_exception(exc)
+def format_exception(exc: BaseException, filename: str) -> str:
+    """The traceback from the cell's own frames on (rpcnb's frames dropped). A cell that ran
+    the kept code of its first run (``run_source``) has its frames, and those of the
+    exceptions chained to its error, shown under ``filename``, the run's own name."""
+    ran_as: Any = getattr(exc, "_rpcnb_ran_as", None)
+    first = filename if ran_as is None else ran_as[3]
+    added = ran_as is not None and linecache.cache.get(first) is not ran_as
+    if added:  # the cell cleared linecache, or its code was dropped from _CODE meanwhile
+        linecache.cache[first] = ran_as
+    try:
+        te = traceback.TracebackException.from_exception(exc)
+    finally:
+        if added:
+            linecache.cache.pop(first, None)
+    if first != filename:
+        _rename(te, first, filename, set())
     frames = list(te.stack)
-    kept = _CODE.get(source, _NONE)[3] if source is not None else None
-    first = filename if kept is None else kept[3]
     for i, fr in enumerate(frames):
-        if fr.filename == filename or fr.filename == first:
-            for later in frames[i:]:
-                if later.filename == first:
-                    later.filename = filename  # its line was read under its own name
+        if fr.filename == filename:
             te.stack = traceback.StackSummary.from_list(frames[i:])
             break
     else:
         te.stack = traceback.StackSummary.from_list([])
     return "".join(te.format())
+
+
+def _rename(te: Any, first: str, filename: str, seen: set[int]) -> None:
+    """Show ``te``'s frames named ``first`` under ``filename``, through its chain (cause,
+    context, an exception group's members); their lines were read under their own name."""
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    for fr in te.stack:
+        if fr.filename == first:
+            fr.filename = filename
+    for more in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
+        if more is not None:
+            _rename(more, first, filename, seen)

@@ -79,27 +79,52 @@ def test_a_plain_cell_run_again_runs_its_first_code_and_its_traceback_names_this
         with pytest.raises(ZeroDivisionError) as caught:
             runner.run_source(cell, f"<worker1 cell {i}>", ns, shell)
         ran.append(_deepest(caught.value))
-        tb = runner.format_exception(caught.value, f"<worker1 cell {i}>", cell)
+        tb = runner.format_exception(caught.value, f"<worker1 cell {i}>")
         assert f'File "<worker1 cell {i}>", line 6' in tb and "1 / d" in tb, tb
         assert "cell 1>" not in tb or i == 1, tb  # shown under this run's name
     # the second and third runs took the code of the first, compiled once, not a copy
     assert ran[1] is ran[2] and ran[1].co_filename == "<worker1 cell 1>"
-    # while it runs, its lines are there for a traceback the cell prints itself
-    linecache.clearcache()
+    # while it runs, its lines are there for a traceback the cell prints itself, also
+    # when linecache was cleared between two runs (torch.compile's workers clear it)
+    prints = ("import io, traceback\nout = io.StringIO()\ntry:\n    1 / (d - 1)"
+              "\nexcept ZeroDivisionError:\n    traceback.print_exc(file=out)\nout.getvalue()")
     ns["d"] = 1
-    printed = runner.run_source("import io, traceback\nout = io.StringIO()\ntry:\n    1 / (d - 1)"
-                                "\nexcept ZeroDivisionError:\n    traceback.print_exc(file=out)"
-                                "\nout.getvalue()", "<worker1 cell 4>", ns, shell)[0]
-    again = runner.run_source("import io, traceback\nout = io.StringIO()\ntry:\n    1 / (d - 1)"
-                              "\nexcept ZeroDivisionError:\n    traceback.print_exc(file=out)"
-                              "\nout.getvalue()", "<worker1 cell 5>", ns, shell)[0]
-    assert "1 / (d - 1)" in printed and "1 / (d - 1)" in again, again
+    first = runner.run_source(prints, "<worker1 cell 4>", ns, shell)[0]
+    linecache.clearcache()
+    again = runner.run_source(prints, "<worker1 cell 5>", ns, shell)[0]
+    assert "1 / (d - 1)" in first and "1 / (d - 1)" in again, again
     # a cell of IPython syntax is transformed each time, and renamed after each run
     ns["d"] = 0
     for i in (6, 7):
         with pytest.raises(ZeroDivisionError) as caught:
             runner.run_source("x = !echo 1\n1 / d", f"<worker1 cell {i}>", ns, shell)
         assert _deepest(caught.value).co_filename == f"<worker1 cell {i}>"
+
+
+def test_the_name_of_a_run_holds_through_chained_errors_and_a_code_cache_cleared_meanwhile(shell):
+    ns = shell.user_ns
+    # an error raised while another is handled: both parts name the run
+    cell = "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise ValueError('bad')"
+    for i in (1, 2):
+        with pytest.raises(ValueError) as caught:
+            runner.run_source(cell, f"<w chained {i}>", ns, shell)
+        tb = runner.format_exception(caught.value, f"<w chained {i}>")
+        assert tb.count(f'File "<w chained {i}>"') == 2 and "1 / 0" in tb, tb
+        assert i == 1 or "<w chained 1>" not in tb, tb
+    # more cells than the code cache keeps ran while this one did (another thread, or the
+    # cell itself): its traceback keeps its frames, its name and its line
+    ns["others"] = lambda: [runner.run_source(f"v = {k}", f"<w other {k}>", {}, shell)
+                            for k in range(runner._CODE_KEPT + 10)]
+    ns["busy"] = False
+    cell = "if busy: others()\n1 / 0"
+    with pytest.raises(ZeroDivisionError):
+        runner.run_source(cell, "<w evicted 1>", ns, shell)
+    ns["busy"] = True
+    with pytest.raises(ZeroDivisionError) as caught:
+        runner.run_source(cell, "<w evicted 2>", ns, shell)
+    assert cell not in runner._CODE  # dropped while it ran
+    tb = runner.format_exception(caught.value, "<w evicted 2>")
+    assert 'File "<w evicted 2>", line 2' in tb and "1 / 0" in tb, tb
 
 
 def test_a_loop_of_cells_leaves_no_lines_behind_but_what_may_be_asked_for(shell):
