@@ -51,6 +51,7 @@ _records: deque[Record] = deque(maxlen=CAPACITY)
 _counts: dict[str, int] = {}
 _listeners: list[Any] = []
 _later: deque[tuple[Any, ...]] = deque()  # recorded while no one listened, not yet Records
+LATER = 256  # records that wait at most: making them Records takes well under a millisecond
 
 
 def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
@@ -61,7 +62,7 @@ def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
         # no one listens: its fields wait, and become a Record when records are read (a
         # deque's append needs no lock; this is the last thing a remote cell's caller does)
         _later.append((peer, op, start, duration, nbytes, ok, channel, ran))
-        if len(_later) >= CAPACITY:
+        if len(_later) >= LATER:  # a few hundred at a time: no long pause on any one call
             with _lock:
                 _settle()
         return
