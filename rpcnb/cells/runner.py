@@ -122,9 +122,7 @@ class CellRunner:
         try:
             return self._spare.pop()
         except IndexError:
-            import torch
-
-            return torch.futures.Future()
+            return _new_future()
 
     def submit(self, job: Job) -> None:
         self._queue.put(job)
@@ -154,9 +152,7 @@ class CellRunner:
         while not self._stopped.is_set():
             try:
                 if not self._spare:  # after a cell has answered: the next one's Future
-                    import torch
-
-                    self._spare.append(torch.futures.Future())
+                    self._spare.append(_new_future())
                 job = self._queue.get()
             except KeyboardInterrupt:
                 continue  # an interrupt that arrived after its cell ended
@@ -248,6 +244,12 @@ class CellRunner:
         return CellResult(self.name, True, rref=make_rref(self.name, value), has_value=True)
 
 
+def _new_future() -> Any:
+    import torch  # loaded by then: the member's RPC runs on it
+
+    return torch.futures.Future()
+
+
 def _by_handle(job: Job) -> Any:
     """What tells, for this cell, a tensor that travels by handle (None: none does)."""
     return zerocopy.by_handle if job.zero_copy else None
@@ -320,7 +322,8 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
     body, last, leaf = _compiled(source, filename, lines if plain else None)
     exec(body, ns)
     value, has_value = (None, False) if last is None else (eval(last, ns), True)
-    if leaf and linecache.cache.get(filename) is lines and _CODE.get(source, _NONE)[3] is not lines:
+    kept = _CODE.get(source)
+    if leaf and linecache.cache.get(filename) is lines and (kept is None or kept[3] is not lines):
         # it ran, and made no code object (function, class, lambda, generator expression;
         # a comprehension before Python 3.12, which inlines them) that would keep its name:
         # nothing asks for its lines again (a failed cell's stay, for its traceback). A
@@ -336,7 +339,6 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
 _CODE: dict[str, tuple[Any, Any, bool, Any]] = {}
 _CODE_KEPT = 256
 _PLAIN: set[str] = set()  # cells found plain Python (``plain_python``), as many as _CODE
-_NONE = (None, None, False, None)
 
 
 def _compiled(source: str, filename: str, lines: Any) -> tuple[Any, Any, bool]:
