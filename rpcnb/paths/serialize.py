@@ -160,6 +160,7 @@ _BY_VALUE = notebook.by_value_modules()  # cloudpickle's set, changed in place
 # holding notebook functions that travel as their shipped bytes (a flag, with either)
 _NOT_PLAIN, _NO_TENSORS, _NEEDS_TABLE, _NOTEBOOK = -1, 0, 1, 2
 _RREFS: tuple[type, ...] = ()  # torch's RRef types, once installed
+_FUNCTION_TYPE = types.FunctionType
 
 
 def plain(obj: Any) -> bool:
@@ -199,12 +200,17 @@ def _plainness(obj: Any, depth: int) -> int:
         if kind == _NOT_PLAIN or (not args and not obj.kwargs):
             return kind  # a call without arguments: the common case
         if type(args) is tuple and len(args) <= _PLAIN_ITEMS and not obj.kwargs:
-            # the next most common: a few numbers, strings or tensors, looked at here
-            # (a frame each costs a round trip about a microsecond)
+            # the next most common: a few numbers, strings, tensors, RRefs and functions
+            # found importable before (the tutorials' _call_method(Cls.method, rref, ...)),
+            # looked at here: a frame each costs a round trip about a microsecond, and
+            # more with the caches cold after the wait for the last answer
             for arg in args:
                 k = type(arg)
-                if k is _TENSOR:
+                if k is _TENSOR or k in _RREFS:
                     kind |= _NEEDS_TABLE
+                elif k is _FUNCTION_TYPE:
+                    if _BY_NAME.get(id(arg)) is not arg or _BY_VALUE:
+                        break
                 elif k not in _LEAVES:
                     break
             else:

@@ -77,6 +77,25 @@ def test_importable_functions_among_the_arguments_are_plain():
     assert back.args[0] is Holder.method and back.args[1] == 2
 
 
+def test_arguments_read_in_place_give_what_the_full_walk_gives():
+    # the tutorials' _call_method(Cls.method, rref, tensor): a function found importable
+    # before and a tensor are read in plainness's own loop, without a frame each
+    args = (Holder.method, torch.zeros(2), 1)
+    first = serialize._plainness(UDF(json.dumps, args, None), 0)  # finds Holder.method
+    again = serialize._plainness(UDF(json.dumps, args, None), 0)  # reads it in place
+    assert first == again == serialize._NEEDS_TABLE
+    assert serialize._plainness(UDF(json.dumps, (Holder.method, 2), None), 0) \
+        == serialize._NO_TENSORS
+    # a module registered by value afterwards: its functions go by value, found before or not
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        assert not serialize.plain(UDF(json.dumps, args, None))
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    assert serialize.plain(UDF(json.dumps, args, None))
+
+
 @pytest.mark.parametrize("message", [UDF(importable, (1, "x", torch.arange(4)), {"k": [1.0]})])
 def test_a_plain_message_reads_back_the_same(message):
     data, tensors = serialize._serialize(None, message)
