@@ -469,7 +469,7 @@ def call_instead(send: Any, func: Any, args: Any, kwargs: Any) -> Any:
 _TENSOR = torch.Tensor
 _SEQUENCES = (list, tuple)
 _BYTES = (bytes, bytearray)
-_SCALARS = frozenset({int, float, str, bool, type(None)})
+_NO_BYTES = frozenset({int, float, str, bool, type(None), _FUNCTION, rpc.PyRRef, rpc.RRef})
 _DENSE, _COO = torch.strided, torch.sparse_coo
 
 
@@ -490,7 +490,7 @@ def _bytes_in(items: Any, nested: bool = True) -> int:
     nbytes = 0
     for item in items:
         kind = type(item)  # not isinstance: torch.Tensor's metaclass makes it slow
-        if kind is _TENSOR or (kind not in _SCALARS and kind not in _BYTES
+        if kind is _TENSOR or (kind not in _NO_BYTES and kind not in _BYTES
                                and kind not in _SEQUENCES and issubclass(kind, _TENSOR)):
             nbytes += item.nbytes if item.layout is _DENSE else _sparse_bytes(item)
         elif kind in _BYTES:

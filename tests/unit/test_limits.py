@@ -60,3 +60,7 @@ def test_a_plain_call_grows_only_when_large(monkeypatch):
     assert _torch.payload_timeout((), {"t": big}) == 64
     weights = torch.nn.Parameter(torch.ones(1 << 20))  # a subclass of Tensor, 4 MB
     assert _torch.payload_timeout((weights,), None) == 64
+    # the tutorials' _call_method(Cls.method, rref, x): a function counts nothing, the
+    # tensor beside it its bytes
+    assert _torch.payload_timeout((test_a_plain_call_grows_only_when_large, big), None) == 64
+    assert _torch.payload_timeout((len, "a", None, 2.0), None) == unset
