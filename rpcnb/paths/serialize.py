@@ -48,14 +48,20 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     where a message needs them (``plain`` says where it does not)."""
     kind = _plainness(obj, 0)
     if kind == _NO_TENSORS:  # no reducer of the table can apply: the C pickler alone
-        data = pickle.dumps(obj, PROTOCOL)
-        s = state.active()
-        return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
+        try:
+            data = pickle.dumps(obj, PROTOCOL)
+        except pickle.PicklingError:
+            kind = _stale()
+        else:
+            s = state.active()
+            return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
     if kind != _NOT_PLAIN:
         try:
             return _serialize_plain(obj, kind & _NOTEBOOK)
         except _Unshipped:
             pass  # another thread rebound a global of a notebook function in it just now
+        except pickle.PicklingError:
+            _stale()
     from rpcnb.wire import _torch
 
     f = io.BytesIO()
@@ -74,6 +80,14 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
     if s is None:
         return f.getvalue(), tensors
     return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
+
+
+def _stale() -> int:
+    """A function found importable by name before is not any more (its module reloaded, its
+    name rebound): forget the functions found, and take cloudpickle's path, which sends it
+    by value as it would have the first time."""
+    _BY_NAME.clear()
+    return _NOT_PLAIN
 
 
 def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import types
 
 import cloudpickle
 import pytest
@@ -94,6 +95,26 @@ def test_arguments_read_in_place_give_what_the_full_walk_gives():
     finally:
         cloudpickle.unregister_pickle_by_value(module)
     assert serialize.plain(UDF(json.dumps, args, None))
+
+
+def test_a_function_found_importable_before_and_rebound_since_goes_by_value():
+    # importlib.reload of a helper module, with a function of it kept from before: cloudpickle
+    # sends that one by value; found importable once, it must not fail by name now
+    module = types.ModuleType("rpcnb_test_reloaded")
+    sys.modules[module.__name__] = module
+    try:
+        exec("def bump(x=1):\n    return x + 1\n", module.__dict__)
+        kept = module.bump
+        assert serialize.plain(UDF(kept, (), {}))  # found importable, remembered
+        exec("def bump(x=1):\n    return x + 2\n", module.__dict__)  # the reload
+        for message in (UDF(kept, (), {}), UDF(importable, (kept, torch.ones(2)), {})):
+            data, tensors = serialize._serialize(None, message)
+            back = _torch.rpc_pickler().deserialize(data, tensors)
+            sent = back.func if back.func is not importable else back.args[0]
+            assert sent() == 2  # the function kept, not the module's new one
+        assert serialize.plain(UDF(module.bump, (), {}))  # the new one goes by name
+    finally:
+        del sys.modules[module.__name__]
 
 
 @pytest.mark.parametrize("message", [UDF(importable, (1, "x", torch.arange(4)), {"k": [1.0]})])
