@@ -223,8 +223,8 @@ def _plainness(obj: Any, depth: int) -> int:
                 if k is _TENSOR or k in _RREFS:
                     kind |= _NEEDS_TABLE
                 elif k is _FUNCTION_TYPE:
-                    if _BY_NAME.get(id(arg)) is not arg or _BY_VALUE:
-                        break
+                    if _BY_NAME.get(id(arg)) is not arg or _BY_VALUE:  # _by_name's first test
+                        break  # not found yet: the walk below asks _by_name
                 elif k not in _LEAVES:
                     break
             else:
@@ -234,7 +234,7 @@ def _plainness(obj: Any, depth: int) -> int:
             more = _plainness(obj.kwargs, depth + 1)
             args = _NOT_PLAIN if more == _NOT_PLAIN else args | more
         return _NOT_PLAIN if args == _NOT_PLAIN else kind | args
-    if cls is types.FunctionType:
+    if cls is _FUNCTION_TYPE:
         # a function as an argument (the tutorials' _remote_method(Agent.select_action,
         # rref, ...)): by reference, as cloudpickle would send one importable by name
         return _function(obj)
