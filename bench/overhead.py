@@ -239,6 +239,16 @@ def _has_ray() -> bool:
     return True
 
 
+def _rpcnb_only_groups() -> list[list[str]]:
+    """The rpcnb driver's own batched rows (``RPCNB_ONLY``, not the call-by-call ones): a
+    row with a target against another such row as ``[row, base]``, every other alone."""
+    batched = [row for row, share in RPCNB_ONLY.items() if share > 1]
+    pairs = [[row, base] for row, _measured, base, _limit in TARGETS
+             if row in batched and base in batched]
+    paired = {row for pair in pairs for row in pair}
+    return pairs + [[row] for row in batched if row not in paired]
+
+
 def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
     """Both groups run at once, idle but for the batch asked of one of them: each row's
     batches alternate torch, rpcnb, torch, ... (``turns`` of each), so both columns meet
@@ -279,12 +289,18 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
                 times["rpcnb"].setdefault(PAIRED, []).append(cell)
         if ray:
             drivers.pop("ray").close()
-        for row, share in RPCNB_ONLY.items():
-            if share == 1:
-                continue
-            few = max(5, calls // share)
-            for _ in range(turns):
-                times["rpcnb"].setdefault(row, []).extend(drivers["rpcnb"].batch(row, few, 2))
+        # a row measured against another of this driver's takes turns with it (ABBA), as the
+        # two groups do above: this VM's memory bandwidth moves within a minute, and a
+        # memcpy and the push+fetch it is compared with, seconds apart, differed by a third
+        for group in _rpcnb_only_groups():
+            for turn in range(turns):
+                got = {}
+                for row in group if turn % 2 == 0 else group[::-1]:
+                    got[row] = drivers["rpcnb"].batch(row, max(5, calls // RPCNB_ONLY[row]), 2)
+                    times["rpcnb"].setdefault(row, []).extend(got[row])
+                if len(group) == 2:  # the measured row over its base, this turn
+                    turn_ratios.setdefault(group[0], []).append(
+                        statistics.median(got[group[0]]) / statistics.median(got[group[1]]))
     finally:
         for d in drivers.values():
             d.close()
