@@ -22,7 +22,8 @@ one right after the other, so both meet the same moment of a noisy machine), and
 Ray actor call (when Ray is installed: ``make
 bench-ray``; skipped with a message otherwise), large tensors to builtins against the same
 to a Python function, ``share_memory_()`` tensors sent by handle, and ``--push x --fetch``
-of 100 MB (``rpcnb.run(..., push=, fetch=True)``) against a memcpy.
+of 100 MB (``rpcnb.run(..., push=, fetch=True)``) against a memcpy. A row measured
+against another of these takes turns with it (ABBA), and each turn's ratio is kept.
 Targets are in ``TARGETS``; the JSON has every figure and whether each target was met.
 
 A bench module for ``bench.run`` / ``bench.report`` too (``SECTION``, ``measure``,
