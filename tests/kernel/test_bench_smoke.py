@@ -43,6 +43,9 @@ def test_quick_benchmark_runs_every_comparison(tmp_path):
     # how far the ratio moved between turns (torch first, then rpcnb first: ABBA)
     lo, mid, hi = overhead["rpc_sync python fn"]["turn_ratios"]
     assert 0 < lo <= mid <= hi
+    # push+fetch takes turns with the memcpy it is compared with: each turn's ratio is kept
+    lo, mid, hi = overhead["push+fetch 100 MB"]["turn_ratios"]
+    assert 0 < lo <= mid <= hi
     # the no-op cell timed call by call against a raw rpc_sync in its own group
     paired = [overhead[f"{row}, paired"]["rpcnb_ms"] for row in ("rpc_sync python fn",
                                                                  "rpcnb.run no-op")]
