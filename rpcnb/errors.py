@@ -5,7 +5,7 @@ The sentences are module constants so tests (and docs/troubleshooting.md) can ma
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from rpcnb import doclinks
 
@@ -198,6 +198,20 @@ ZERO_COPY_UNREACHABLE = (
     "({reason}): send a copy instead with rpcnb.run(..., zero_copy=False), %%remote --copy "
     "or `with rpcnb.copying():`, or start the group with %rpc_init --no-zero-copy."
 )
+
+
+def raise_from(err: BaseException, exc: BaseException) -> NoReturn:
+    """``raise err from exc`` inside ``except ... as exc``, where ``err`` may be ``exc``
+    itself (then it is raised as it was). Pass ``err`` as an expression: a local holding
+    it would make a cycle with its traceback (which holds the frame), and whatever the
+    frames hold (a message's tensors) would wait for the cycle collector instead of going
+    when the caller drops the error; ``raise exc from exc`` makes one of its own."""
+    try:
+        if err is exc:
+            raise err
+        raise err from exc
+    finally:
+        del err, exc
 
 
 class RpcnbError(RuntimeError):

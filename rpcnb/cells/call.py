@@ -350,7 +350,7 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
                         s.token, name, "run_cell",
                         (cid, s.name, source, fetch, dict(push or {}), *extra), 0)
             except Exception as exc:  # it could not be pickled: nothing was sent
-                raise _push_error(push or {}, exc) from exc
+                errors.raise_from(_push_error(push or {}, exc), exc)
             # called with the future as its one argument, which put takes as ``block``: a
             # partial holds the GIL on torch's thread for less than a lambda, and the waiting
             # thread wakes as soon as that thread lets the GIL go (docs/benchmarks.md)

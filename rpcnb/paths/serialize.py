@@ -32,7 +32,7 @@ import types
 from typing import Any
 
 from rpcnb import errors
-from rpcnb.paths import arrays, routes, zerocopy
+from rpcnb.paths import arrays, routes, shm, zerocopy
 from rpcnb.session import rendezvous, state
 from rpcnb.wire import notebook
 
@@ -55,13 +55,32 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
         else:
             s = state.active()
             return (data if s is None else rendezvous.sign(s.sign_key, s.name, data)), []
-    if kind != _NOT_PLAIN:
-        try:
-            return _serialize_plain(obj, kind & _NOTEBOOK)
-        except _Unshipped:
-            pass  # another thread rebound a global of a notebook function in it just now
-        except pickle.PicklingError:
-            _stale()
+    # a message that fails to pickle is never sent: the shared-memory buffers its tensors
+    # took (or that it marked in transit) are given back, here and before each retry
+    undo = shm.THREAD.taken
+    mark = len(undo)
+    try:
+        if kind != _NOT_PLAIN:
+            try:
+                return _serialize_plain(obj, kind & _NOTEBOOK)
+            except _Unshipped:
+                # another thread rebound a global of a notebook function in it just now
+                shm.give_back(mark)
+            except pickle.PicklingError:
+                shm.give_back(mark)
+                _stale()
+        return _serialize_full(obj)
+    except BaseException:
+        shm.give_back(mark)
+        raise
+    finally:
+        if len(undo) != mark:  # sent (or given back): nothing more to undo
+            del undo[mark:]
+
+
+def _serialize_full(obj: Any) -> tuple[bytes, list[Any]]:
+    """cloudpickle's way: any message, functions and classes by value where they are not
+    importable, with the dispatch table ``obj`` needs."""
     from rpcnb.wire import _torch
 
     f = io.BytesIO()
@@ -72,14 +91,22 @@ def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
         try:
             p.dump(obj)
         except Exception as exc:
-            err = notebook.explain(p, exc)
-            if err is exc and type(obj).__name__ != "PythonUDF":  # a result, not a call
-                err = TypeError(errors.NOT_SENDABLE.format(type=_kind(obj), reason=exc))
-            raise err from exc
+            # no local holds the error: a cycle through this frame would keep the message's
+            # tensors until the cycle collector runs (errors.raise_from)
+            errors.raise_from(_unsendable(p, obj, exc), exc)
     s = state.active()
     if s is None:
         return f.getvalue(), tensors
     return rendezvous.sign(s.sign_key, s.name, f.getvalue()), tensors
+
+
+def _unsendable(p: Any, obj: Any, exc: Exception) -> BaseException:
+    """The error to raise for ``obj`` that ``p`` could not pickle (``exc`` itself, or one
+    that says what to do)."""
+    err = notebook.explain(p, exc)
+    if err is exc and type(obj).__name__ != "PythonUDF":  # a result, not a call
+        return TypeError(errors.NOT_SENDABLE.format(type=_kind(obj), reason=exc))
+    return err
 
 
 def _stale() -> int:

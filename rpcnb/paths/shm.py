@@ -52,8 +52,16 @@ _lock = threading.RLock()
 class _Local(threading.local):
     off = False  # inside suppressed(); a class default: a missing attribute costs 0.5 us
 
+    def __init__(self) -> None:
+        # the header bytes set by the messages this thread is pickling, (mapping, byte,
+        # bytes copied): a buffer taken, a buffer marked in transit. A serializer notes
+        # the length before a message; it calls give_back() with it if the pickling
+        # fails (nothing was sent), else drops what is past it
+        self.taken: list[tuple[mmap.mmap, int, int]] = []
+
 
 _local = _Local()
+THREAD = _local  # read by rpcnb.paths.serialize for each message with tensors: .taken
 _enabled = os.environ.get("RPCNB_SHM", "1").lower() not in ("0", "false", "no", "off")
 THRESHOLD = int(os.environ.get("RPCNB_SHM_THRESHOLD", DEFAULT_THRESHOLD))
 _pool_limit = int(os.environ.get("RPCNB_SHM_POOL_BYTES", DEFAULT_POOL_BYTES))
@@ -409,7 +417,23 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
         return None
     _count("sent")
     _count("sent_bytes", nbytes)
+    _local.taken.append((seg.mm, 0, nbytes))
     return _rebuild, (seg.name, HEADER + seg.size, str(tensor.dtype), tuple(tensor.shape))
+
+
+def give_back(mark: int) -> None:
+    """The message pickled since ``THREAD.taken`` had ``mark`` entries was never sent (its
+    pickling failed): the buffers it took are free again, and those it marked in transit
+    are not."""
+    records = _local.taken
+    with _lock:
+        while len(records) > mark:
+            mm, pos, nbytes = records.pop()
+            with contextlib.suppress(ValueError):  # a peer's buffer, unmapped since
+                mm[pos] = FREE
+            if nbytes:
+                _stats["sent"] -= 1
+                _stats["sent_bytes"] -= nbytes
 
 
 def _peer_map(name: str, total: int) -> mmap.mmap:
@@ -471,6 +495,7 @@ def in_transit(name: str, total: int, rank: int) -> int | None:
         for pos in range(TOKENS_AT + rank * TOKENS, TOKENS_AT + (rank + 1) * TOKENS):
             if mm[pos] == 0:  # only this member sets its bytes; receivers clear them
                 mm[pos] = 1
+                _local.taken.append((mm, pos, 0))
                 return pos
     return None
 

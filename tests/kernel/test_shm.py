@@ -134,6 +134,78 @@ def test_views_keep_the_buffer_until_the_last_one_is_freed(api_group):
     assert wait_until(lambda: rpc.rpc_sync("worker1", stats)["in_flight"] == 0)
 
 
+def send_on_with_a_lock():
+    """On a worker: send its kept tensor on to worker2, with a lock beside it."""
+    import threading
+
+    import torch.distributed.rpc as rpc
+
+    try:
+        rpc.rpc_sync("worker2", echo, args=(ns()["kept"], threading.Lock()))
+    except TypeError as exc:
+        return f"failed: {exc}"
+    return "sent"
+
+
+def test_a_call_that_cannot_be_pickled_gives_its_buffers_back(api_group):
+    import threading
+
+    t = torch.randn(4 * MB // 4)
+    before = shm.stats()
+    for _ in range(3):  # a lock beside the tensor: pickling fails after the tensor took a buffer
+        with pytest.raises(TypeError, match="pickle"):
+            rpc.rpc_sync("worker1", echo, args=(t, threading.Lock()))
+    after = shm.stats()
+    assert after["in_flight"] == 0, "a message never sent holds no buffer"
+    assert after["sent"] == before["sent"], "nothing counted as sent"
+    assert after["buffers"] <= before["buffers"] + 1, "each failed call took a buffer of its own"
+    # the next call reuses that buffer, and its tensor arrives whole
+    assert torch.equal(rpc.rpc_sync("worker1", echo, args=(t,)), t)
+    assert shm.stats()["buffers"] == after["buffers"]
+    # a --push that cannot be sent says which value, and leaves no buffer taken either
+    with pytest.raises(ValueError, match="'lock'"):
+        rpcnb.run("worker1", "x", push={"x": t, "lock": threading.Lock()})
+    assert shm.stats()["in_flight"] == 0
+
+
+def test_a_send_that_failed_lets_its_tensors_go_with_its_error(api_group):
+    """No reference cycle holds the error of a call or push that could not be pickled: the
+    tensors of the message go when the caller drops the error, not at the next run of the
+    cycle collector (which may be long in coming)."""
+    import gc
+    import threading
+    import weakref
+
+    gc.disable()
+    try:
+        for send in (lambda t: rpc.rpc_sync("worker1", echo, args=(t, threading.Lock())),
+                     lambda t: rpcnb.run("worker1", "x", push={"x": t, "lock": threading.Lock()})):
+            t = torch.randn(4 * MB // 4)
+            gone = weakref.ref(t)
+            try:
+                send(t)
+            except (TypeError, ValueError) as exc:
+                assert "pickle" in str(exc) or "lock" in str(exc)
+            else:
+                raise AssertionError("a lock was sent")
+            del t
+            assert gone() is None, "the failed send's error held its tensor in a cycle"
+    finally:
+        gc.enable()
+
+
+def test_a_buffer_sent_on_that_cannot_be_pickled_is_not_left_in_transit(api_group):
+    t = torch.ones(MB)  # 4 MB into this process's buffer; worker1 keeps a tensor over it
+    assert rpc.rpc_sync("worker1", keep, args=(t,)) == float(MB)
+    assert shm.stats()["in_flight"] == 1
+    # worker1 sends it on by handle (it marks the buffer in transit), but the call fails to
+    # pickle: nothing reached worker2, so nothing may keep the buffer from this process
+    said = rpc.rpc_sync("worker1", send_on_with_a_lock)
+    assert said.startswith("failed") and "pickle" in said
+    rpc.rpc_sync("worker1", drop_kept)
+    assert wait_until(lambda: shm.stats()["in_flight"] == 0), "the buffer stays marked in transit"
+
+
 def test_small_grad_and_disabled_keep_tensorpipe(api_group):
     before = shm.stats()["sent"]
     small = torch.randn(100)
