@@ -348,6 +348,7 @@ def _acquire(nbytes: int) -> _Segment | None:
                 return None
             _pool.append(best)
         best.mm[0] = IN_FLIGHT
+        _local.taken.append((best.mm, 0, 0))  # at once: an interrupt in the copy gives it back
         best.used = time.monotonic()
         return best
 
@@ -389,8 +390,16 @@ def copy_bytes(dst: int, src: int, nbytes: int) -> None:
     spans = [(off, min(step, nbytes - off)) for off in range(0, nbytes, step)]
     others = [_copiers.submit(ctypes.memmove, dst + off, src + off, n) for off, n in spans[1:]]
     ctypes.memmove(dst, src, spans[0][1])
-    for fut in others:
-        fut.result()
+    stopped = None
+    for fut in others:  # an interrupt waits for them too: none writes after this returns
+        while True:
+            try:
+                fut.result()
+                break
+            except KeyboardInterrupt as exc:
+                stopped = exc
+    if stopped is not None:
+        raise stopped
 
 
 def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
@@ -413,11 +422,12 @@ def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
         del dst
     except Exception:
         seg.mm[0] = FREE
+        _local.taken.pop()  # _acquire's record
         _count("fallbacks")
         return None
     _count("sent")
     _count("sent_bytes", nbytes)
-    _local.taken.append((seg.mm, 0, nbytes))
+    _local.taken[-1] = (seg.mm, 0, nbytes)  # give_back takes the counts back too
     return _rebuild, (seg.name, HEADER + seg.size, str(tensor.dtype), tuple(tensor.shape))
 
 
@@ -494,8 +504,8 @@ def in_transit(name: str, total: int, rank: int) -> int | None:
         mm = known[0]
         for pos in range(TOKENS_AT + rank * TOKENS, TOKENS_AT + (rank + 1) * TOKENS):
             if mm[pos] == 0:  # only this member sets its bytes; receivers clear them
-                mm[pos] = 1
-                _local.taken.append((mm, pos, 0))
+                _local.taken.append((mm, pos, 0))  # first: an interrupt between the two
+                mm[pos] = 1                         # leaves a record of a byte still 0
                 return pos
     return None
 
