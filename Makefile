@@ -98,17 +98,21 @@ cluster-deps:
 # torch RPC over loopback), tests/browser (JupyterLab in Chromium), tests/net (root: network
 # namespaces, veth, tc netem, sshd, Slurm), tests/gpu (CUDA; they skip without it),
 # tests/packaging (the wheel built without Node.js; the README's Install in a fresh venv).
+#
+# scripts/test_suite.py runs it in two phases: every test not marked `serial` on parallel
+# pytest-xdist workers, then the timing-sensitive `serial` tests alone; every failure is
+# reported (no -x), and it ends with its wall time and slowest tests (all of them in
+# test-results/durations.txt, CI's artefact). TEST_ARGS: more of its flags (-n 2, a path).
 test: $(STAMP) chromium cluster-deps
-	$(BIN)/python -m pytest -x -q --durations=25 tests
+	$(BIN)/python scripts/test_suite.py $(TEST_ARGS)
 
-# The quick loop while working (about 2 minutes here): every unit test, and the kernel
+# The quick loop while working (under 3 minutes here): every unit test, and the kernel
 # tests of the core flows (start, cells, RRefs, shutdown, teardown, the documented
-# commands, telemetry, the magics' errors, the probe). `make test` before pushing.
-QUICK_KERNEL := $(addprefix tests/kernel/,test_core.py test_teardown.py test_commands.py \
-	test_telemetry.py test_magic_usage.py test_probe.py)
+# commands, telemetry, the magics' errors, the probe), the same way. `make test` before
+# pushing (the list: scripts/test_suite.py's FAST).
 .PHONY: test-fast test-unit
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit $(QUICK_KERNEL)
+	$(BIN)/python scripts/test_suite.py --fast $(TEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
@@ -218,6 +222,5 @@ compat: $(LABEXT_BUILT)
 	  .venv-compat-$$v/bin/pip install -q --retries 1 torch==$$v || exit 1; \
 	  .venv-compat-$$v/bin/pip install -q -e '.[test]' || exit 1; \
 	  .venv-compat-$$v/bin/python -c 'import torch; print("torch", torch.__version__)'; \
-	  .venv-compat-$$v/bin/python -m pytest -q -p no:cacheprovider tests/unit $(QUICK_KERNEL) \
-	    || exit 1; \
+	  .venv-compat-$$v/bin/python scripts/test_suite.py --fast || exit 1; \
 	done

@@ -191,10 +191,7 @@ def kernel_factory():
     yield make
     for k in started:
         k.close()
-    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
-    while time.monotonic() < deadline and any(pid_alive(p) for k in started for p in k.known):
-        time.sleep(0.05)
-    alive = [p for k in started for p in k.known if pid_alive(p)]
+    alive = stopped({p for k in started for p in k.known})
     assert not alive, f"processes left running: {alive}"
 
 
@@ -203,12 +200,137 @@ def kernel(kernel_factory) -> Kernel:
     return kernel_factory()
 
 
+def stopped(pids: set[int], timeout: float = 5.0) -> list[int]:
+    """The pids of ``pids`` still alive ``timeout`` seconds after they were killed (SIGKILL
+    is delivered asynchronously): what a fixture's teardown asserts empty."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    return sorted(p for p in pids if pid_alive(p))
+
+
 @pytest.fixture
-def group(kernel) -> Kernel:
-    """A kernel that is worker0 of a group with worker1 and worker2."""
+def own_group(kernel) -> Kernel:
+    """A kernel of its own that is worker0 of a group with worker1 and worker2: for a test
+    that kills, restarts, adds or shuts down members, or changes the kernel's settings."""
     kernel.execute("%load_ext rpcnb")
     kernel.execute("%rpc_init --workers 2")
     return kernel
+
+
+# What a shared group's kernel runs between two tests: background cells ended, every
+# worker's namespace and then the kernel's emptied (IPython's %reset -f, which keeps the
+# magics and rpcnb's own state). It prints True when all of that worked.
+RESET = """\
+import rpcnb as _rpcnb_reset
+_jobs = _rpcnb_reset.jobs(include_ended=False)
+for _job in _jobs:
+    _job.cancel()
+_ok = all(_job.wait(15) for _job in _jobs)
+_rpcnb_reset.run(_rpcnb_reset.ALL, "get_ipython().run_line_magic('reset', '-f')", fetch=True)
+print(_ok)
+"""
+HEALTH = ("%remote --all --fetch __import__('os').getpid()")
+
+
+class SharedGroup:
+    """One kernel that is worker0 of a group of worker1 and worker2, shared by the tests of
+    one module (the ``group`` fixture). Before each test it is checked: the kernel and both
+    workers alive, the same pids as when it started, and every worker answering a cell;
+    after each test that passed, its background cells are ended and the workers' and the
+    kernel's namespaces emptied. When any of that fails, or the test failed (a cell may be
+    left running), it is stopped and the next test gets a new one. Its processes are
+    stopped by pid when the module ends, and the teardown fails if one is left."""
+
+    def __init__(self) -> None:
+        self.kernel: Kernel | None = None
+        self.pids: dict[str, int] = {}
+        self.known: set[int] = set()
+        self.starts = 0
+
+    def _start(self) -> Kernel:
+        k = Kernel()
+        self.kernel = k
+        self.starts += 1
+        k.execute("%load_ext rpcnb")
+        k.execute("%rpc_init --workers 2")
+        self.pids = worker_pids(k)
+        return k
+
+    def healthy(self) -> bool:
+        k = self.kernel
+        if k is None or not k.km.is_alive():
+            return False
+        if not all(pid_alive(p) for p in self.pids.values()):
+            return False
+        try:
+            out = k.execute(HEALTH, timeout=15, allow_error=True)
+            return out.error is None and not out.stderr and out.text == repr(
+                {n: p for n, p in self.pids.items() if n != "worker0"})
+        except (TimeoutError, OSError):
+            return False
+
+    def get(self) -> Kernel:
+        """The group, healthy: the one kept, or a new one."""
+        if self.kernel is not None and not self.healthy():
+            self.stop()
+        k = self.kernel or self._start()
+        k.stray.clear()
+        return k
+
+    def reset(self) -> None:
+        """Between two tests; a group that cannot be reset is stopped."""
+        k = self.kernel
+        if k is None:
+            return
+        try:
+            ok = k.execute(RESET, timeout=30, allow_error=True)
+            k.execute("%reset -f", timeout=15)
+            if ok.error is not None or ok.stdout.strip() != "True":
+                self.stop()
+        except (TimeoutError, AssertionError, OSError):
+            self.stop()
+
+    def stop(self) -> None:
+        k, self.kernel = self.kernel, None
+        if k is None:
+            return
+        k.close()
+        self.known |= k.known
+
+    def close(self) -> list[int]:
+        """Stop it; the pids of its processes (of every group it made) still alive."""
+        self.stop()
+        return stopped(self.known)
+
+
+@pytest.fixture(scope="module")
+def shared_group():
+    holder = SharedGroup()
+    yield holder
+    left = holder.close()
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.fixture
+def group(shared_group: SharedGroup, request: pytest.FixtureRequest) -> Any:
+    """A kernel that is worker0 of a group with worker1 and worker2, shared by the tests
+    of this module (``SharedGroup``): a test that kills, restarts, adds or shuts down
+    members takes ``own_group`` instead."""
+    yield shared_group.get()
+    report = getattr(request.node, "rpcnb_call_report", None)
+    if report is None or report.failed:
+        shared_group.stop()
+    else:
+        shared_group.reset()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.when == "call":
+        item.rpcnb_call_report = report  # type: ignore[attr-defined]
+    return report
 
 
 def worker_pids(k: Kernel) -> dict[str, int]:
@@ -361,3 +483,18 @@ def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
             proc.kill()
             proc.wait(5)
         kill_all(sorted(p for p in seen if pid_alive(p)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test_suite.py), the tests of a module that use a fixture
+    kept for the module (``group``, a module's own ``api_group``) go to one worker, so
+    that the module starts it once; the others spread over the workers one by one. A
+    module that names its own ``xdist_group`` keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        defs = getattr(item, "_fixtureinfo", None)
+        ours = [d[-1] for d in defs.name2fixturedefs.values() if d[-1].baseid] if defs else []
+        if any(d.scope != "function" for d in ours):  # pytest's own have no baseid
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -248,7 +248,11 @@ def test_remote_error_names_worker_and_cell_line(group):
     assert out.error["ename"] == "RemoteError"
     tb = out.traceback
     assert "ZeroDivisionError on worker1" in tb
-    assert 'File "<worker1 cell 2>", line 3' in tb
+    # the cell after the one that kept `kept`, and its line
+    cell = int(re.search(r'File "<worker1 cell (\d+)>", line 3', tb).group(1))
+    assert group.execute("%%remote worker1 --fetch\nkept").text == "'still here'"
+    again = group.execute("%%remote worker1\n1 / 0", allow_error=True).traceback
+    assert f'File "<worker1 cell {cell + 2}>", line 1' in again, again
     assert "b / (a - 1)" in tb
     assert "rpcnb" not in tb.split("\n", 1)[1]  # no rpcnb internals in the remote part
     assert group.execute("%%remote worker1 --fetch\nkept").text == "'still here'"
@@ -303,47 +307,47 @@ def test_interrupt_stops_remote_code_and_keeps_worker(group):
     assert group.execute("%%remote worker1 --fetch\nsum(safe)").text == "6"
 
 
-def test_killed_worker_fails_fast_and_group_survives(group):
-    pids = worker_pids(group)
-    group.kc.execute("%%remote worker1\nimport time\ntime.sleep(30)")  # a pending call
+def test_killed_worker_fails_fast_and_group_survives(own_group):
+    pids = worker_pids(own_group)
+    own_group.kc.execute("%%remote worker1\nimport time\ntime.sleep(30)")  # a pending call
     time.sleep(1.0)
     killed_at = time.monotonic()
     os.kill(pids["worker1"], signal.SIGKILL)
     out = None
     # the pending cell ends with a clear error
     while out is None:
-        msg = group.kc.get_iopub_msg(timeout=10)
+        msg = own_group.kc.get_iopub_msg(timeout=10)
         if msg["msg_type"] == "error":
             out = msg["content"]
     assert time.monotonic() - killed_at < 5
     text = "\n".join(out["traceback"])
     assert "worker1" in text and "SIGKILL" in text
-    group.execute("pass")  # wait for that cell to finish
-    later = group.execute("%%remote worker1\n1", allow_error=True)
+    own_group.execute("pass")  # wait for that cell to finish
+    later = own_group.execute("%%remote worker1\n1", allow_error=True)
     assert "worker1" in later.traceback and "died" in later.traceback
-    assert group.execute("%%remote worker2 --fetch\n2 + 2").text == "4"
-    table = group.execute("%rpc_workers").text
+    assert own_group.execute("%%remote worker2 --fetch\n2 + 2").text == "4"
+    table = own_group.execute("%rpc_workers").text
     assert "killed by SIGKILL" in table
     # the dead member no longer poisons the group: shutdown is quick and clean
     t0 = time.monotonic()
-    group.execute("%rpc_shutdown")
+    own_group.execute("%rpc_shutdown")
     assert time.monotonic() - t0 < 10
     assert not pid_alive(pids["worker2"])
 
 
-def test_shutdown_leaves_nothing_and_init_works_again(group):
-    pids = worker_pids(group)
+def test_shutdown_leaves_nothing_and_init_works_again(own_group):
+    pids = worker_pids(own_group)
     t0 = time.monotonic()
-    out = group.execute("%rpc_shutdown")
+    out = own_group.execute("%rpc_shutdown")
     assert time.monotonic() - t0 < 15
     assert "left the group" in out.stdout
     assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
     assert out.stderr == ""
-    group.execute("%rpc_init --workers 1")
-    assert group.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
-    new = worker_pids(group)
+    own_group.execute("%rpc_init --workers 1")
+    assert own_group.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
+    new = worker_pids(own_group)
     assert new["worker1"] != pids["worker1"]
-    group.execute("%rpc_shutdown")
+    own_group.execute("%rpc_shutdown")
     assert not pid_alive(new["worker1"])
 
 
@@ -381,9 +385,9 @@ def test_torch_rrefs_and_their_proxies_work_in_the_kernels_next_group(kernel):
     kernel.execute("%rpc_shutdown")
 
 
-def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(group, kernel_factory):
+def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(own_group, kernel_factory):
     join_line = next(
-        ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
+        ln.strip() for ln in own_group.execute("%rpc_workers").text.splitlines()
         if ln.strip().startswith("%rpc_init --join")
     ).replace("NAME", "alice")
     other = kernel_factory()
@@ -391,10 +395,10 @@ def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(group, kernel_f
     other.execute("secret = 41")
     joined = other.execute(join_line)
     assert "alice" in joined.stdout
-    out = group.execute("%%remote alice --fetch\nprint('hello from alice')\nsecret + 1")
+    out = own_group.execute("%%remote alice --fetch\nprint('hello from alice')\nsecret + 1")
     assert out.text == "42"
     assert out.stdout == "hello from alice\n"
-    group.execute("%%remote alice\nmade_remotely = 'yes'")
+    own_group.execute("%%remote alice\nmade_remotely = 'yes'")
     assert other.value("made_remotely") == "yes"
     # and alice can drive the workers too
     assert other.execute("%%remote worker1 --fetch\n40 + 2").text == "42"
@@ -402,7 +406,7 @@ def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(group, kernel_f
     taken.execute("%load_ext rpcnb")
     dup = taken.execute(join_line, allow_error=True)
     assert "already taken" in dup.traceback
-    group.execute("%rpc_shutdown")
+    own_group.execute("%rpc_shutdown")
     assert other.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
@@ -492,11 +496,11 @@ def test_python_api_from_a_script(tmp_path):
     ]
 
 
-def test_workers_exit_when_the_kernel_dies(group):
-    pids = worker_pids(group)
-    group_dir = Path(group.value("str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
+def test_workers_exit_when_the_kernel_dies(own_group):
+    pids = worker_pids(own_group)
+    group_dir = Path(own_group.value("str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
     assert (group_dir / "connection.json").exists()
-    os.kill(group.pid, signal.SIGKILL)
+    os.kill(own_group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(
             pid_alive(pids[n]) for n in ("worker1", "worker2")):
@@ -536,15 +540,15 @@ def test_init_sweeps_the_directories_of_dead_groups(kernel, tmp_path):
             shutil.rmtree(d, ignore_errors=True)
 
 
-def test_worker_exiting_inside_a_cell_then_shutdown_and_init(group):
-    out = group.execute("%%remote worker1\nimport os\nos._exit(1)", allow_error=True)
+def test_worker_exiting_inside_a_cell_then_shutdown_and_init(own_group):
+    out = own_group.execute("%%remote worker1\nimport os\nos._exit(1)", allow_error=True)
     assert "worker1" in out.traceback and "exited with code 1" in out.traceback
     t0 = time.monotonic()
-    group.execute("%rpc_shutdown")
+    own_group.execute("%rpc_shutdown")
     assert time.monotonic() - t0 < 10
-    group.execute("%rpc_init --workers 1")
-    assert group.execute("%%remote worker1 --fetch\n'back'").text == "'back'"
-    group.execute("%rpc_shutdown")
+    own_group.execute("%rpc_init --workers 1")
+    assert own_group.execute("%%remote worker1 --fetch\n'back'").text == "'back'"
+    own_group.execute("%rpc_shutdown")
 
 
 def test_tensor_extraction_handles_notebook_classes(group):

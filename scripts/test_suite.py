@@ -1,0 +1,128 @@
+"""Run the test suite the way ``make test`` and CI do, and say how long it took.
+
+Two phases: first every test not marked ``serial``, on parallel pytest-xdist workers
+(``--dist loadgroup``: the tests of a module that share a kernel or a group, and the tests
+of an ``xdist_group`` such as the browser tests' one JupyterLab server, stay on one
+worker); then the ``serial`` tests (those that measure time), alone on the machine, one
+after another. Every failure of both phases is reported (no ``-x``). At the end: each
+phase's wall time and exit status, the whole run's wall time, and its slowest tests; every
+test's time is kept in ``test-results/durations.txt`` (CI's artefact) beside the phases'
+JUnit XML files.
+
+    python scripts/test_suite.py                 # make test
+    python scripts/test_suite.py --fast          # make test-fast
+    python scripts/test_suite.py tests/kernel/test_core.py -n 2   # a part, the same way
+
+The exit status is 0 only when every phase passed; pytest's 5 (no tests collected) is a
+failure too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "test-results"
+
+# What make test-fast runs: every unit test, and the kernel tests of the core flows
+# (start, remote cells, RRefs, shutdown, the teardown at every step, the documented
+# commands, telemetry, the magics' errors, the probe).
+FAST = ["tests/unit", *(f"tests/kernel/{name}" for name in (
+    "test_core.py", "test_teardown.py", "test_commands.py", "test_telemetry.py",
+    "test_magic_usage.py", "test_probe.py"))]
+
+# Parallel workers: the kernel tests mostly wait (on a worker's reply, a sleep in the cell
+# under test, a process that starts), so on two cores three of them keep the cores busy.
+DEFAULT_WORKERS = max(2, min(4, (os.cpu_count() or 2) + 1))
+SLOWEST = 25
+
+
+@dataclass
+class Phase:
+    """One pytest run of the suite: its name, its exit status, its wall time."""
+
+    name: str
+    args: list[str]
+    junit: Path
+    status: int | None = None
+    seconds: float = 0.0
+    times: dict[str, float] = field(default_factory=dict)  # test id -> seconds
+
+    def run(self, pytest_args: list[str]) -> None:
+        cmd = [sys.executable, "-m", "pytest", *self.args, f"--junitxml={self.junit}",
+               *pytest_args]
+        print(f"\n== {self.name}: {' '.join(cmd[1:])}", flush=True)
+        self.junit.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        self.status = subprocess.call(cmd, cwd=ROOT)
+        self.seconds = time.monotonic() - t0
+        self.times = read_times(self.junit)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == 0
+
+
+def read_times(junit: Path) -> dict[str, float]:
+    """Each test's time (setup, call and teardown) from a JUnit XML file."""
+    if not junit.exists():
+        return {}
+    times = {}
+    for case in ET.parse(junit).iter("testcase"):
+        path = case.get("classname", "").replace(".", "/")
+        times[f"{path}.py::{case.get('name')}"] = float(case.get("time") or 0)
+    return times
+
+
+def report(phases: list[Phase], wall: float) -> str:
+    times = {test: s for phase in phases for test, s in phase.times.items()}
+    lines = [f"{phase.name}: {phase.seconds:.0f} s, exit status {phase.status} "
+             f"({len(phase.times)} tests)" for phase in phases]
+    lines.append(f"make test wall time: {wall:.0f} s ({wall / 60:.1f} min)")
+    lines.append(f"slowest {SLOWEST} tests (setup + call + teardown):")
+    for test, s in sorted(times.items(), key=lambda kv: -kv[1])[:SLOWEST]:
+        lines.append(f"  {s:7.1f} s  {test}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fast", action="store_true", help="make test-fast's selection")
+    ap.add_argument("-n", "--workers", type=int, default=DEFAULT_WORKERS,
+                    help=f"parallel workers of the first phase (default {DEFAULT_WORKERS})")
+    ap.add_argument("paths", nargs="*", help="tests to run (default: tests/)")
+    args, extra = ap.parse_known_args(argv)
+    paths = args.paths or (FAST if args.fast else ["tests"])
+    RESULTS.mkdir(exist_ok=True)
+    common = ["-q", "-p", "no:cacheprovider", *extra, *paths]
+    parallel = ["-n", str(args.workers), "--dist", "loadgroup"] if args.workers > 1 else []
+    phases = [Phase("parallel phase", [*parallel, "-m", "not serial"],
+                    RESULTS / "parallel.xml"),
+              Phase("serial phase", ["-m", "serial"], RESULTS / "serial.xml")]
+    t0 = time.monotonic()
+    for phase in phases:
+        phase.run(common)
+    for phase, other in (phases, phases[::-1]):
+        if phase.status == 5 and other.passed:
+            phase.status = 0  # a selection with no test of this phase's kind: fine
+    wall = time.monotonic() - t0
+    times = {test: s for phase in phases for test, s in phase.times.items()}
+    (RESULTS / "durations.txt").write_text("".join(
+        f"{s:8.2f}  {test}\n" for test, s in sorted(times.items(), key=lambda kv: -kv[1])))
+    print("\n" + report(phases, wall), flush=True)
+    failed = [phase.name for phase in phases if not phase.passed]
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (each phase's failures are listed above)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
