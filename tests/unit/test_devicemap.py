@@ -1,12 +1,10 @@
 """The device-map model: both input forms, every validation rule and message, writing back,
 and applying to torch's real TensorPipeRpcBackendOptions (which only stores the maps, so
-no GPU is needed). Fast: no process is started except one interpreter for the import check.
+no GPU is needed). Fast: no process is started (that importing the module imports no
+torch takes a fresh interpreter: tests/build/test_imports.py).
 """
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -477,13 +475,6 @@ def test_torch_reads_int_devices_as_its_builds_accelerator(torch, options):
 
 def test_machine_devices_matches_torch(torch):
     assert dmod.machine_devices() == [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-
-
-def test_importing_the_module_does_not_import_torch():
-    code = "import sys, rpcnb.wire.devicemap; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
 
 
 # -- properties -----------------------------------------------------------------------------

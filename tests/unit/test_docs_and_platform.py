@@ -1,10 +1,8 @@
 """Where messages send users (a docs URL and an offline command that prints the page), the
-platform check, and the version."""
+platform check, and the version. The command itself runs in tests/build/test_docs_command.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,20 +24,6 @@ def test_messages_name_a_url_and_a_command_not_a_repository_path():
         assert doclinks.SITE in text and "python -m rpcnb.docs " in text, text
     urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
     assert urls["Documentation"] == doclinks.SITE
-
-
-def test_the_docs_command_prints_pages_and_refuses_unknown_ones():
-    run = [sys.executable, "-m", "rpcnb.docs"]
-    page = subprocess.run([*run, "security"], capture_output=True, text=True, timeout=60)
-    assert page.returncode == 0 and page.stdout.startswith("# Security"), page
-    assert "RuntimeWarning" not in page.stderr, page.stderr
-    listing = subprocess.run(run, capture_output=True, text=True, timeout=60)
-    assert "security" in listing.stdout and doclinks.SITE in listing.stdout
-    bad = subprocess.run([*run, "no-such-page"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "there is no page 'no-such-page'" in bad.stderr
-    # every page a message names exists
-    for page in ("security", "clusters", "getting-started"):
-        assert doclinks.text(page)
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32", "cygwin"])

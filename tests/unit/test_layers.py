@@ -1,13 +1,12 @@
 """The package's shape stays as docs/architecture.md draws it: one-way layers (checked by
-import-linter's contracts in pyproject.toml, imports inside functions included), no import
-cycle, no module over ~600 lines, and torch's private names in rpcnb/wire/_torch.py only."""
+import-linter's contracts in pyproject.toml, imports inside functions included: that check
+runs lint-imports, a process, in tests/build/test_import_contract.py), no import cycle, no
+module over ~600 lines, and torch's private names in rpcnb/wire/_torch.py only."""
 
 from __future__ import annotations
 
 import ast
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,14 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rpcnb"
-LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 MAX_LINES = 600
-
-
-def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
 
 
 def cycles(package: str) -> list[list[str]]:
@@ -60,12 +52,6 @@ def cycles(package: str) -> list[list[str]]:
     return found
 
 
-def test_layers_contract_is_kept():
-    proc = lint_imports(ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "0 broken" in proc.stdout
-
-
 def test_no_import_cycle():
     assert cycles("rpcnb") == []
 
@@ -80,10 +66,9 @@ def tangled(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_the_checks_catch_an_upward_import_inside_a_function(tangled: Path, monkeypatch):
-    proc = lint_imports(tangled)
-    assert proc.returncode != 0
-    assert "rpcnb.session.state -> rpcnb.api" in proc.stdout
+def test_the_cycle_check_catches_an_upward_import_inside_a_function(tangled: Path,
+                                                                    monkeypatch):
+    # lint-imports' contract catches it too: tests/build/test_import_contract.py
     monkeypatch.syspath_prepend(str(tangled))
     for name in [m for m in sys.modules if m == "rpcnb" or m.startswith("rpcnb.")]:
         monkeypatch.delitem(sys.modules, name)
