@@ -283,6 +283,9 @@ class SharedGroup:
         k = self.kernel
         if k is None:
             return
+        if not k.km.is_alive() or not all(pid_alive(p) for p in self.pids.values()):
+            self.stop()
+            return
         try:
             ok = k.execute(RESET, timeout=30, allow_error=True)
             k.execute("%reset -f", timeout=15)
@@ -387,19 +390,94 @@ def test_address():
         subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
-@pytest.fixture
-def api_group():
-    """This test process as worker0 of a group of two (the Python API), with a real worker;
-    every process it started is stopped by pid at the end."""
-    import rpcnb
+class ApiGroup:
+    """This test process as worker0 of a group of real workers (the Python API; one, or the
+    module's ``API_WORKERS``), kept for the tests of one module: checked before each test
+    (every worker alive and answering), started again when not, or when the test before
+    failed."""
 
-    rpcnb.init(1)
-    seen = set(children_of(os.getpid()))
-    try:
-        yield
-    finally:
-        rpcnb.shutdown()
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
+        self.seen: set[int] = set()
+        self.up = False
+
+    def healthy(self) -> bool:
+        import torch.distributed.rpc as rpc
+
+        import rpcnb
+        from rpcnb.session import state
+
+        if not (self.up and state.is_initialized()):
+            return False
+        try:
+            members = {m.name: m for m in rpcnb.group().members}
+            names = [f"worker{i}" for i in range(1, self.workers + 1)]
+            return all(n in members and pid_alive(members[n].pid) and
+                       rpc.rpc_sync(n, os.getpid, timeout=10) == members[n].pid for n in names)
+        except Exception:
+            return False
+
+    def get(self) -> None:
+        import rpcnb
+
+        if self.up and not self.healthy():
+            self.stop()
+        if not self.up:
+            rpcnb.init(self.workers)
+            self.up = True
+            self.seen.update(children_of(os.getpid()))
+
+    def reset(self) -> None:
+        """Between two tests: every worker's namespace emptied (what tests keep there holds
+        this process's buffers and tensors); a group that cannot be reset is stopped."""
+        import rpcnb
+
+        try:
+            rpcnb.run(rpcnb.ALL, "get_ipython().run_line_magic('reset', '-f')", fetch=True,
+                      timeout=15)
+        except Exception:
+            self.stop()
+
+    def stop(self) -> None:
+        import rpcnb
+        from rpcnb.session import state
+
+        self.seen.update(children_of(os.getpid()))
+        if state.is_initialized():
+            rpcnb.shutdown()
+        self.up = False
+        kill_all(sorted(p for p in self.seen if pid_alive(p)))
+
+
+@pytest.fixture(scope="module")
+def shared_api_group(request: pytest.FixtureRequest):
+    holder = ApiGroup(getattr(request.module, "API_WORKERS", 1))
+    yield holder
+    holder.stop()
+    left = stopped(holder.seen)
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.fixture
+def no_api_group(shared_api_group: ApiGroup) -> None:
+    """This test process in no group: the module's shared ``api_group`` is stopped first
+    (for a test that starts a group of its own in this process, or checks what happens
+    outside one)."""
+    shared_api_group.stop()
+
+
+@pytest.fixture
+def api_group(shared_api_group: ApiGroup, request: pytest.FixtureRequest) -> Any:
+    """This test process as worker0 of a group (the Python API) with a real worker1 (and
+    more: the module's ``API_WORKERS``), shared by the tests of the module (``ApiGroup``);
+    every process it started is stopped by pid when the module ends."""
+    shared_api_group.get()
+    yield
+    report = getattr(request.node, "rpcnb_call_report", None)
+    if report is None or report.failed:
+        shared_api_group.stop()
+    elif shared_api_group.up:
+        shared_api_group.reset()
 
 
 # Network namespaces: a second "host" on this machine (tests/kernel/test_channel_model.py,

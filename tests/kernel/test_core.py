@@ -498,7 +498,8 @@ def test_python_api_from_a_script(tmp_path):
 
 def test_workers_exit_when_the_kernel_dies(own_group):
     pids = worker_pids(own_group)
-    group_dir = Path(own_group.value("str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
+    group_dir = Path(own_group.value(
+        "str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
     assert (group_dir / "connection.json").exists()
     os.kill(own_group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15

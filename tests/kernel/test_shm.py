@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import cloudpickle
 import pytest
@@ -68,18 +67,7 @@ def stats():
     return s.stats()
 
 
-@pytest.fixture
-def api_group():
-    seen: set[int] = set()
-    rpcnb.init(2)
-    try:
-        yield seen
-    finally:
-        seen.update(children_of(os.getpid()))
-        try:
-            rpcnb.shutdown()
-        finally:
-            kill_all(sorted(p for p in seen if pid_alive(p)))
+API_WORKERS = 2  # conftest.api_group: this process, worker1 and worker2
 
 
 def test_large_tensors_arrive_equal_through_shared_memory(api_group):
@@ -124,11 +112,14 @@ def test_copy_semantics_hold_under_buffer_reuse(api_group):
 def test_views_keep_the_buffer_until_the_last_one_is_freed(api_group):
     # a tensor worker1 makes (an echo of ours would come back by handle: rpcnb.paths.zerocopy)
     back = rpc.rpc_sync("worker1", fresh, args=(MB,))
+    control = rpc.rpc_sync("worker1", fresh, args=(MB,))  # the same, with no view
     view = back[10:20]
-    worker_stats = rpc.rpc_sync("worker1", stats)
-    assert worker_stats["in_flight"] == 1  # worker1's result buffer, held by us
+    assert rpc.rpc_sync("worker1", stats)["in_flight"] == 2  # worker1's result buffers, ours
     del back
-    time.sleep(0.2)
+    del control
+    # the control's buffer goes back (freed after `back`): had `back`'s been freed, it
+    # would be back by now too; it is not, because of the view
+    assert wait_until(lambda: rpc.rpc_sync("worker1", stats)["in_flight"] == 1)
     assert rpc.rpc_sync("worker1", stats)["in_flight"] == 1
     del view
     assert wait_until(lambda: rpc.rpc_sync("worker1", stats)["in_flight"] == 0)
@@ -156,7 +147,7 @@ def test_a_call_that_cannot_be_pickled_gives_its_buffers_back(api_group):
         with pytest.raises(TypeError, match="pickle"):
             rpc.rpc_sync("worker1", echo, args=(t, threading.Lock()))
     after = shm.stats()
-    assert after["in_flight"] == 0, "a message never sent holds no buffer"
+    assert after["in_flight"] == before["in_flight"], "a message never sent holds no buffer"
     assert after["sent"] == before["sent"], "nothing counted as sent"
     assert after["buffers"] <= before["buffers"] + 1, "each failed call took a buffer of its own"
     # the next call reuses that buffer, and its tensor arrives whole
@@ -223,7 +214,20 @@ def test_small_grad_and_disabled_keep_tensorpipe(api_group):
     assert shm.stats()["sent"] == before
 
 
-def test_path_is_off_outside_a_single_host_group():
+def test_remote_cells_push_and_fetch_use_shared_memory(api_group):
+    before = shm.stats()
+    big = torch.arange(MB, dtype=torch.float32)
+    out = rpcnb.run("worker1", "big * 2", push={"big": big}, fetch=True)
+    assert torch.equal(out, big * 2)
+    after = shm.stats()
+    assert after["sent"] == before["sent"] + 1  # the push
+    assert after["received"] == before["received"] + 1  # the fetched result
+    r = rpcnb.run("worker2", "import torch\ntorch.ones(2 * 1024 * 1024)")
+    assert r.to_here().sum().item() == 2 * MB
+    assert shm.stats()["received"] == after["received"] + 1
+
+
+def test_path_is_off_outside_a_single_host_group(no_api_group):
     # Not in a group (or in one whose members are on several hosts): never taken.
     assert not shm.is_active()
     assert not shm.wants(torch.randn(4 * MB))
@@ -240,20 +244,7 @@ def test_cuda_tensors_keep_tensorpipe():
         shm.deactivate()
 
 
-def test_remote_cells_push_and_fetch_use_shared_memory(api_group):
-    before = shm.stats()
-    big = torch.arange(MB, dtype=torch.float32)
-    out = rpcnb.run("worker1", "big * 2", push={"big": big}, fetch=True)
-    assert torch.equal(out, big * 2)
-    after = shm.stats()
-    assert after["sent"] == before["sent"] + 1  # the push
-    assert after["received"] == before["received"] + 1  # the fetched result
-    r = rpcnb.run("worker2", "import torch\ntorch.ones(2 * 1024 * 1024)")
-    assert r.to_here().sum().item() == 2 * MB
-    assert shm.stats()["received"] == after["received"] + 1
-
-
-def test_no_buffers_left_after_shutdown_and_worker_kill():
+def test_no_buffers_left_after_shutdown_and_worker_kill(no_api_group):
     seen: set[int] = set()
     rpcnb.init(2)
     try:
@@ -279,16 +270,16 @@ def test_no_buffers_left_after_shutdown_and_worker_kill():
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
-def test_no_buffers_left_after_the_kernel_dies(group):
-    group.execute("import torch, torch.distributed.rpc as rpc\n"
-                  "def keep(t):\n    global kept\n    kept = t\n"
-                  "rpc.rpc_sync('worker1', keep, args=(torch.ones(2**20),))")
-    gid = group.value("__import__('rpcnb.session.state').session.state.current().group_id")
-    group.execute("%%remote worker2 -o r\nimport torch\ntorch.ones(2**20)")
-    group.execute("x = r.to_here()")
-    pids = worker_pids(group)
-    assert any(f"-{group.pid}-" in p for p in shm.leftovers(gid))
-    os.kill(group.pid, signal.SIGKILL)
+def test_no_buffers_left_after_the_kernel_dies(own_group):
+    own_group.execute("import torch, torch.distributed.rpc as rpc\n"
+                      "def keep(t):\n    global kept\n    kept = t\n"
+                      "rpc.rpc_sync('worker1', keep, args=(torch.ones(2**20),))")
+    gid = own_group.value("__import__('rpcnb.session.state').session.state.current().group_id")
+    own_group.execute("%%remote worker2 -o r\nimport torch\ntorch.ones(2**20)")
+    own_group.execute("x = r.to_here()")
+    pids = worker_pids(own_group)
+    assert any(f"-{own_group.pid}-" in p for p in shm.leftovers(gid))
+    os.kill(own_group.pid, signal.SIGKILL)
     assert wait_until(lambda: not any(pid_alive(pids[n]) for n in ("worker1", "worker2")), 15)
     assert shm.leftovers(gid) == []
 
@@ -333,7 +324,7 @@ def test_a_small_dev_shm_falls_back_with_one_warning(tmp_path):
     assert output.rstrip().endswith("done")
 
 
-def test_idle_buffers_are_given_back(monkeypatch):
+def test_idle_buffers_are_given_back(no_api_group, monkeypatch):
     # RPCNB_SHM_IDLE_S: a buffer nobody used for that long is unlinked by its owner and
     # unmapped by the members that mapped it, so an idle group holds no /dev/shm
     monkeypatch.setenv("RPCNB_SHM_IDLE_S", "1")  # the workers read it at start

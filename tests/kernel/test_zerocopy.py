@@ -12,10 +12,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
-import time
 
 import cloudpickle
-import pytest
 import torch
 import torch.distributed.rpc as rpc
 from conftest import children_of, kill_all, pid_alive, wait_until
@@ -50,8 +48,16 @@ def echo(t):
     return t
 
 
-def drop_kept():
+def drop_kept(*more):
+    """Let go of the kept tensor, then of the tensors kept under the names ``more``."""
     ns().pop("kept", None)
+    for name in more:
+        ns().pop(name, None)
+    return True
+
+
+def keep_as(name, t):
+    ns()[name] = t
     return True
 
 
@@ -100,13 +106,7 @@ def _stop(seen):
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
-@pytest.fixture
-def api_group():
-    seen = _start()
-    try:
-        yield seen
-    finally:
-        _stop(seen)
+API_WORKERS = 2  # conftest.api_group: this process, worker1 and worker2
 
 
 def test_shared_tensor_goes_by_handle_and_both_sides_see_writes(api_group):
@@ -231,10 +231,19 @@ def test_a_pool_buffer_is_sent_on_by_handle(api_group):
     rpc.rpc_sync("worker2", bump_kept)
     assert rpc.rpc_sync("worker1", kept_sum) == 101.0 * MB
     assert t.sum().item() == MB
-    # the buffer is ours to reuse only when both have let go
-    rpc.rpc_sync("worker1", drop_kept)
-    time.sleep(0.3)
-    assert shm.stats()["in_flight"] == 1
+    # the buffer is ours to reuse only when both have let go. worker1 also holds a
+    # control in a buffer of its own, and lets go of it right after the shared one: once
+    # the control's buffer is back, worker1's letting go has been seen here
+    in_flight = shm.stats()["in_flight"]
+    assert in_flight == 1  # the shared buffer, held by both
+    rpc.rpc_sync("worker1", keep_as, args=("control", torch.zeros(MB)))
+    assert shm.stats()["in_flight"] == in_flight + 1
+    rpc.rpc_sync("worker1", drop_kept, args=("control",))
+    assert wait_until(lambda: shm.stats()["in_flight"] == in_flight)  # worker2 holds it
+    # new sends take the free buffers (the control's): none is the one worker2 sees
+    for value in (3.0, 4.0):
+        assert rpc.rpc_sync("worker1", keep_as, args=(f"new{value}", torch.full((MB,), value)))
+    rpc.rpc_sync("worker1", drop_kept, args=("new3.0", "new4.0"))
     t.fill_(7.0)
     assert rpc.rpc_sync("worker2", kept_sum) == 101.0 * MB  # our writes never reach it
     rpc.rpc_sync("worker2", drop_kept)
@@ -285,7 +294,28 @@ def test_opt_out_per_call_and_per_block_copies(api_group):
     rpc.rpc_sync("worker1", drop_kept)
 
 
-def test_opt_out_per_group_copies_both_ways():
+def test_telemetry_names_the_zero_copy_path(api_group):
+    def path_counts():
+        paths = telemetry.peer_stats().get("worker1", {}).get("paths", {})
+        return {p: paths.get(p, {"tensors": 0, "bytes": 0}) for p in ("zero_copy", "rpcnb_shm")}
+
+    before = path_counts()
+    t = torch.ones(MB)
+    t.share_memory_()
+    rpc.rpc_sync("worker1", keep, args=(t,))
+    rpc.rpc_sync("worker1", keep, args=(torch.ones(MB),))  # not shared: copied
+    recs = [r for r in telemetry.records("worker1") if r["op"] == "tensor"]
+    assert {r["channel"] for r in recs} >= {"zero_copy", "rpcnb_shm"}
+    paths = path_counts()
+    assert paths["zero_copy"] == {"tensors": before["zero_copy"]["tensors"] + 1,
+                                  "bytes": before["zero_copy"]["bytes"] + 4 * MB}
+    assert paths["rpcnb_shm"]["tensors"] >= before["rpcnb_shm"]["tensors"] + 1
+    text = channels.describe_paths(telemetry.peer_stats())
+    assert "zero_copy" in text and "rpcnb_shm" in text
+    rpc.rpc_sync("worker1", drop_kept)
+
+
+def test_opt_out_per_group_copies_both_ways(no_api_group):
     seen = _start(zero_copy=False)
     try:
         t = torch.ones(MB)
@@ -301,21 +331,6 @@ def test_opt_out_per_group_copies_both_ways():
         assert rpc.rpc_sync("worker2", counters)["zero_copy"]["sent"] == 0
     finally:
         _stop(seen)
-
-
-def test_telemetry_names_the_zero_copy_path(api_group):
-    t = torch.ones(MB)
-    t.share_memory_()
-    rpc.rpc_sync("worker1", keep, args=(t,))
-    rpc.rpc_sync("worker1", keep, args=(torch.ones(MB),))  # not shared: copied
-    recs = [r for r in telemetry.records("worker1") if r["op"] == "tensor"]
-    assert {r["channel"] for r in recs} >= {"zero_copy", "rpcnb_shm"}
-    paths = telemetry.peer_stats()["worker1"]["paths"]
-    assert paths["zero_copy"] == {"tensors": 1, "bytes": 4 * MB}
-    assert paths["rpcnb_shm"]["tensors"] >= 1
-    text = channels.describe_paths(telemetry.peer_stats())
-    assert "zero_copy" in text and "rpcnb_shm" in text
-    rpc.rpc_sync("worker1", drop_kept)
 
 
 def test_channels_text_and_flags_in_a_kernel(kernel):
@@ -335,7 +350,7 @@ def test_channels_text_and_flags_in_a_kernel(kernel):
     kernel.execute("%rpc_shutdown")
 
 
-def test_nothing_left_in_dev_shm_after_shutdown():
+def test_nothing_left_in_dev_shm_after_shutdown(no_api_group):
     seen = _start()
     from rpcnb.session import state
 
