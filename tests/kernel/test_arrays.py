@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 
 import cloudpickle
 import numpy as np
@@ -299,14 +298,18 @@ def test_copy_semantics_both_ways(api_group, size):
 
 def test_received_arrays_give_their_buffer_back_when_freed(api_group):
     # the echo comes back by handle over the buffer our send filled (rpcnb.paths.zerocopy)
+    before = worker_shm_stats()["in_flight"]
     back = rpc.rpc_sync("worker1", echo, args=(np.zeros(MB, dtype=np.float32),))
+    control = rpc.rpc_sync("worker1", echo, args=(np.ones(MB, dtype=np.float32),))
     view = back[10:20]
-    assert worker_shm_stats()["in_flight"] >= 1  # our buffer, held by the result
+    assert worker_shm_stats()["in_flight"] == before + 2  # our buffers, held by the results
     del back
-    time.sleep(0.2)
-    assert worker_shm_stats()["in_flight"] >= 1  # the view holds it
+    del control
+    # the control's buffer comes back (freed after `back`'s): had `back`'s been freed, it
+    # would be back by now too; the view holds it
+    assert wait_until(lambda: worker_shm_stats()["in_flight"] == before + 1)
     del view
-    assert wait_until(lambda: worker_shm_stats()["in_flight"] == 0)
+    assert wait_until(lambda: worker_shm_stats()["in_flight"] == before)
 
 
 def test_push_fetch_and_to_here_of_remote_cells(api_group):

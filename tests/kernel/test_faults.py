@@ -10,46 +10,46 @@ import time
 from conftest import pid_alive, worker_pids
 
 
-def test_idle_worker_killed_then_a_new_member_joins(group, kernel_factory):
-    pids = worker_pids(group)
-    group.execute("%%remote worker2\nsurvivor = 'intact'")
+def test_idle_worker_killed_then_a_new_member_joins(own_group, kernel_factory):
+    pids = worker_pids(own_group)
+    own_group.execute("%%remote worker2\nsurvivor = 'intact'")
     os.kill(pids["worker1"], signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while "killed by SIGKILL" not in group.execute("%rpc_workers").text:
+    while "killed by SIGKILL" not in own_group.execute("%rpc_workers").text:
         assert time.monotonic() < deadline, "the death was not noticed within 5 s"
         time.sleep(0.2)
     t0 = time.monotonic()
-    out = group.execute("%%remote worker1\n1", allow_error=True)
+    out = own_group.execute("%%remote worker1\n1", allow_error=True)
     assert time.monotonic() - t0 < 2
     assert "Worker 'worker1' died (killed by SIGKILL)" in out.traceback
-    assert group.execute("%%remote worker2 --fetch\nsurvivor").text == "'intact'"
+    assert own_group.execute("%%remote worker2 --fetch\nsurvivor").text == "'intact'"
     # a member joining after the crash is not poisoned by the dead one
-    join_line = next(ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
+    join_line = next(ln.strip() for ln in own_group.execute("%rpc_workers").text.splitlines()
                      if ln.strip().startswith("%rpc_init --join")).replace("NAME", "late")
     late = kernel_factory()
     late.execute("%load_ext rpcnb")
     t0 = time.monotonic()
     late.execute(join_line)
     assert time.monotonic() - t0 < 15
-    assert group.execute("%%remote late --fetch\n'joined'").text == "'joined'"
+    assert own_group.execute("%%remote late --fetch\n'joined'").text == "'joined'"
     assert late.execute("%%remote worker2 --fetch\nsurvivor").text == "'intact'"
     t0 = time.monotonic()
-    group.execute("%rpc_shutdown")
+    own_group.execute("%rpc_shutdown")
     assert time.monotonic() - t0 < 15
 
 
-def test_frozen_worker_times_out_and_shutdown_is_bounded(group):
-    pids = worker_pids(group)
+def test_frozen_worker_times_out_and_shutdown_is_bounded(own_group):
+    pids = worker_pids(own_group)
     os.kill(pids["worker1"], signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        out = group.execute("%%remote worker1 --timeout 2\n1", allow_error=True, timeout=30)
+        out = own_group.execute("%%remote worker1 --timeout 2\n1", allow_error=True, timeout=30)
         assert time.monotonic() - t0 < 8
         assert "did not finish within 2 s" in out.traceback
         assert "is stopped" in out.stderr  # and the notice said why
-        assert group.execute("%%remote worker2 --fetch\n'fine'").text == "'fine'"
+        assert own_group.execute("%%remote worker2 --fetch\n'fine'").text == "'fine'"
         t0 = time.monotonic()
-        group.execute("%rpc_shutdown", timeout=60)
+        own_group.execute("%rpc_shutdown", timeout=60)
         assert time.monotonic() - t0 < 15
         assert not pid_alive(pids["worker1"]) and not pid_alive(pids["worker2"])
     finally:
@@ -110,31 +110,31 @@ def test_join_errors_are_clear_and_leave_nothing(kernel):
     assert kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
-def test_kernel_restart_stops_the_workers_it_started(group):
-    pids = worker_pids(group)
-    group.km.restart_kernel(now=True)
+def test_kernel_restart_stops_the_workers_it_started(own_group):
+    pids = worker_pids(own_group)
+    own_group.km.restart_kernel(now=True)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(
             pid_alive(pids[n]) for n in ("worker1", "worker2")):
         time.sleep(0.1)
     assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
     # the restarted kernel starts a new group as if nothing happened
-    group.pid = group.km.provisioner.pid
-    group.known.add(group.pid)
-    group.kc.wait_for_ready(timeout=60)
-    group.execute("%load_ext rpcnb")
-    group.execute("%rpc_init --workers 1")
-    assert group.execute("%%remote worker1 --fetch\n'fresh'").text == "'fresh'"
-    group.execute("%rpc_shutdown")
+    own_group.pid = own_group.km.provisioner.pid
+    own_group.known.add(own_group.pid)
+    own_group.kc.wait_for_ready(timeout=60)
+    own_group.execute("%load_ext rpcnb")
+    own_group.execute("%rpc_init --workers 1")
+    assert own_group.execute("%%remote worker1 --fetch\n'fresh'").text == "'fresh'"
+    own_group.execute("%rpc_shutdown")
 
 
-def test_joined_kernel_leaves_when_the_first_kernel_dies(group, kernel_factory):
-    join_line = next(ln.strip() for ln in group.execute("%rpc_workers").text.splitlines()
+def test_joined_kernel_leaves_when_the_first_kernel_dies(own_group, kernel_factory):
+    join_line = next(ln.strip() for ln in own_group.execute("%rpc_workers").text.splitlines()
                      if ln.strip().startswith("%rpc_init --join")).replace("NAME", "bob")
     bob = kernel_factory()
     bob.execute("%load_ext rpcnb\nkept = 'mine'")
     bob.execute(join_line)
-    os.kill(group.pid, signal.SIGKILL)
+    os.kill(own_group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while bob.value("__import__('rpcnb.api').api.is_initialized()"):
         assert time.monotonic() < deadline, "the joined kernel did not notice"
