@@ -34,14 +34,15 @@ def test_a_background_cell_streams_into_its_cell_while_other_cells_run(group):
     t0 = time.monotonic()
     bg = group.execute("%%remote worker1 --bg -o h\n" + LOOP.format(n=8, pause=0.4, value=42))
     assert time.monotonic() - t0 < 3  # returned at once, not after 3.2 s of ticks
-    assert "background cell [1] on worker1" in bg.stdout + bg.text
+    job = group.value("h.id")
+    assert f"background cell [{job}] on worker1" in bg.stdout + bg.text
     # other cells run meanwhile: in the notebook, and on another worker
     t1 = time.monotonic()
     other = group.execute("%%remote worker2 --fetch\n6 * 7")
     assert other.text == "42"
     assert time.monotonic() - t1 < 2.5
     jobs = group.execute("%rpc_jobs")
-    assert "[1]" in jobs.text and "worker1" in jobs.text and "running" in jobs.text
+    assert f"[{job}]" in jobs.text and "worker1" in jobs.text and "running" in jobs.text
     # the ticks keep arriving in the cell that started it, after that cell finished
     msgs = group.later(bg.msg_id, until=lambda ms: "tick 7" in texts(ms), timeout=30)
     later = texts(msgs)
@@ -58,11 +59,12 @@ def test_a_background_cell_streams_into_its_cell_while_other_cells_run(group):
 def test_later_cells_on_the_same_worker_queue_behind_it_and_say_so(group):
     group.execute("%%remote worker1 --bg -o first\nimport time\ntime.sleep(3)\n'first'")
     group.execute("%%remote worker1 --bg -o second\nfrom_second = 'ran'\n'second'")
+    one, two = group.value("(first.id, second.id)")
     status = group.value("second.status")
-    assert status.startswith("queued behind [1] on worker1"), status
+    assert status.startswith(f"queued behind [{one}] on worker1"), status
     t0 = time.monotonic()
     fg = group.execute("%%remote worker1 --fetch\nfrom_second")
-    assert "waits until the background cells running on worker1 ([1], [2])" in fg.stderr
+    assert f"waits until the background cells running on worker1 ([{one}], [{two}])" in fg.stderr
     assert fg.text == "'ran'"  # it ran after both, in order
     assert group.value("(first.ready(), second.ready())") == (True, True)
     assert time.monotonic() - t0 > 1.0
@@ -70,9 +72,11 @@ def test_later_cells_on_the_same_worker_queue_behind_it_and_say_so(group):
 
 
 def test_cancel_stops_a_running_cell_and_drops_a_queued_one(group):
-    group.execute("%%remote worker1 --bg -o h\n" + LOOP.format(n=1000, pause=0.1, value=1))
+    bg = group.execute("%%remote worker1 --bg -o h\n" + LOOP.format(n=1000, pause=0.1, value=1))
     group.execute("%%remote worker1 --bg -o queued\nnever = True")
-    time.sleep(1.0)
+    # it runs: its first ticks have reached the notebook
+    assert "tick 1" in texts(group.later(bg.msg_id, until=lambda ms: "tick 1" in texts(ms)))
+    assert group.value("(h.status, queued.status.split(' behind')[0])") == ("running", "queued")
     assert group.value("(queued.cancel(), h.cancel())") == (True, True)
     assert group.value("(h.wait(10), queued.wait(10))") == (True, True)
     assert group.value("(h.status, queued.status)") == ("cancelled", "cancelled")
@@ -102,46 +106,46 @@ def test_wait_interactive_shows_progress_then_gives_the_result(group):
     assert out.text == "['worker1', 'worker2']"
 
 
-def test_a_timeout_says_whether_the_worker_stopped_or_still_runs(group):
-    out = group.execute("%%remote worker1 --timeout 1\nimport time\ntime.sleep(30)",
+def test_a_timeout_says_whether_the_worker_stopped_or_still_runs(own_group):
+    out = own_group.execute("%%remote worker1 --timeout 1\nimport time\ntime.sleep(30)",
                         allow_error=True)
     assert "did not finish within 1 s and was interrupted" in out.traceback
     # a cell that ignores interrupts keeps running: the message says so, and what to do
-    out = group.execute(
+    out = own_group.execute(
         "%%remote worker1 --timeout 1\nimport signal, time\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(600)", allow_error=True)
     assert "is still running there" in out.traceback, out.traceback
     assert "%rpc_restart worker1" in out.traceback
-    old = worker_pids(group)["worker1"]
-    restarted = group.execute("%rpc_restart worker1")
+    old = worker_pids(own_group)["worker1"]
+    restarted = own_group.execute("%rpc_restart worker1")
     assert f"worker1 was running (pid {old})" in restarted.stdout
     assert "namespace starts empty" in restarted.stdout
     assert not pid_alive(old)
-    assert group.execute("%remote --fetch worker1 1 + 1").text == "2"
+    assert own_group.execute("%remote --fetch worker1 1 + 1").text == "2"
 
 
-def test_restart_replaces_a_killed_worker_and_names_the_rrefs_lost(group):
-    group.execute("%%remote worker1\nstate = 'set up'")
-    group.execute("r = %remote worker1 [1, 2, 3]")
-    old = worker_pids(group)["worker1"]
+def test_restart_replaces_a_killed_worker_and_names_the_rrefs_lost(own_group):
+    own_group.execute("%%remote worker1\nstate = 'set up'")
+    own_group.execute("r = %remote worker1 [1, 2, 3]")
+    old = worker_pids(own_group)["worker1"]
     os.kill(old, signal.SIGKILL)
-    err = group.execute("%remote --fetch worker1 1", allow_error=True)
+    err = own_group.execute("%remote --fetch worker1 1", allow_error=True)
     deadline = time.monotonic() + 10
     while "died" not in err.traceback and time.monotonic() < deadline:
         time.sleep(0.2)
-        err = group.execute("%remote --fetch worker1 1", allow_error=True)
+        err = own_group.execute("%remote --fetch worker1 1", allow_error=True)
     assert "died" in err.traceback
-    out = group.execute("%rpc_restart worker1")
+    out = own_group.execute("%rpc_restart worker1")
     assert f"worker1 was dead (killed by SIGKILL) (pid {old})" in out.stdout
     assert "The RRefs worker1 owned are lost; in this notebook: r." in out.stdout
-    new = worker_pids(group)["worker1"]
+    new = worker_pids(own_group)["worker1"]
     assert new != old and pid_alive(new)
-    members = group.execute("%rpc_workers").text
+    members = own_group.execute("%rpc_workers").text
     assert "no:" not in members  # every member alive again
-    missing = group.execute("%remote --fetch worker1 state", allow_error=True)
+    missing = own_group.execute("%remote --fetch worker1 state", allow_error=True)
     assert "NameError" in missing.traceback  # its namespace started empty
     # the other members reach it again, through rpcnb and through torch
-    got = group.execute(
+    got = own_group.execute(
         "%%remote worker2 --fetch\nimport operator\nimport torch.distributed.rpc as rpc\n"
         "rpc.rpc_sync('worker1', operator.add, (40, 2))")
     assert got.text == "42"
@@ -158,13 +162,13 @@ def test_restart_and_add_refuse_what_they_cannot_do(group):
     assert "--add N goes alone" in err.traceback
 
 
-def test_add_starts_more_workers_in_a_running_group(group):
-    out = group.execute("%rpc_init --add 2")
+def test_add_starts_more_workers_in_a_running_group(own_group):
+    out = own_group.execute("%rpc_init --add 2")
     assert "added 2 worker(s): worker3, worker4" in out.stdout
-    names = set(worker_pids(group))
+    names = set(worker_pids(own_group))
     assert names == {"worker0", "worker1", "worker2", "worker3", "worker4"}
-    assert group.execute("%remote --fetch worker4 2 + 2").text == "4"
-    got = group.execute("%remote --all --fetch 1")
+    assert own_group.execute("%remote --fetch worker4 2 + 2").text == "4"
+    got = own_group.execute("%remote --all --fetch 1")
     assert "worker4" in got.text and "worker1" in got.text
 
 
@@ -194,6 +198,7 @@ def test_large_push_and_fetch_show_progress(group):
     assert "--fetch from worker1: 114.4 MB" in text, text
     small = group.execute("%%remote worker1 --fetch\nbig[:10]")
     assert not small.displays  # small values show no bar
+    group.execute("del os.environ['RPCNB_PROGRESS_DELAY']")
 
 
 def test_probe_shows_a_progress_bar(group):
