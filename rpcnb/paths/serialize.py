@@ -34,7 +34,7 @@ from typing import Any
 from rpcnb import errors
 from rpcnb.paths import arrays, routes, shm, zerocopy
 from rpcnb.session import rendezvous, state
-from rpcnb.wire import notebook
+from rpcnb.wire import notebook, patches
 
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
@@ -531,8 +531,30 @@ def install() -> None:
         # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
         # (and a CuPy array would be copied to the host to be looked through)
         _torch.replace_tensor_extractor(_extractor_base())
-        notebook.REPLACED.update(_torch.hook_calls(calls.record_call))
+        _HOOKED.update(_torch.hook_calls(calls.record_call))
+        notebook.REPLACED.update(_HOOKED)
         _installed = True
+
+
+_HOOKED: dict[Any, tuple[str, str]] = {}  # torch's functions the hooks replaced (install)
+IN_A_GROUP = "uninstall() while this process is in a group: leave it first (rpcnb.shutdown())."
+
+
+def uninstall() -> None:
+    """Undo ``install`` exactly, for tests: torch's RPC pickler, tensor extractor and call
+    entry points as they were (``rpcnb.wire.patches``), ``is_installed()`` False. A
+    RuntimeError, with nothing changed, in a group or where another library patched since."""
+    global _installed
+    with _install_lock:
+        if not _installed:
+            return
+        if state.active() is not None:
+            raise RuntimeError(IN_A_GROUP)
+        patches.restore()
+        for func in _HOOKED:
+            notebook.REPLACED.pop(func, None)
+        _HOOKED.clear()
+        _installed = False
 
 
 def is_installed() -> bool:

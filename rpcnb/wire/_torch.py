@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api, internal
 
-from rpcnb.wire import limits
+from rpcnb.wire import limits, patches
 
 # -- the agent and the store (torch 2.11, 2.13) ------------------------------------------
 
@@ -332,10 +332,10 @@ def patch_serialize(serialize: Callable[[Any, Any], tuple[bytes, list[Any]]],
                     deserialize: Callable[[Any, bytes, Any], Any]) -> None:
     """Make torch's RPC pickler call ``serialize(pickler, obj)`` for every Python message
     it sends and ``deserialize(pickler, data, tensor_table)`` for every one it receives
-    (C++ calls both by attribute on the pickler instance)."""
+    (C++ calls both by attribute on the pickler instance). ``patches.restore`` undoes it."""
     p = rpc_pickler()
-    p.serialize = types.MethodType(serialize, p)
-    p.deserialize = types.MethodType(deserialize, p)
+    patches.replace(p, "serialize", types.MethodType(serialize, p))
+    patches.replace(p, "deserialize", types.MethodType(deserialize, p))
 
 
 # -- the tensor extractor (torch 2.11, 2.13: torch/_jit_internal.py) ---------------------
@@ -364,7 +364,7 @@ def replace_tensor_extractor(pickler_base: type) -> None:
 
         persistent_id = original.persistent_id
 
-    jit._TensorExtractor = TensorExtractor  # type: ignore[misc]
+    patches.replace(jit, "_TensorExtractor", TensorExtractor)
 
 
 def extract_tensors(obj: Any) -> list[Any]:
@@ -379,7 +379,6 @@ def extract_tensors(obj: Any) -> list[Any]:
 UNSET_RPC_TIMEOUT = api.UNSET_RPC_TIMEOUT
 _SYNC = internal.RPCExecMode.SYNC
 _hooked = threading.Lock()
-_hook_installed = False
 
 
 def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], Any]
@@ -395,9 +394,9 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
     imported ``remote`` by name still pickles it by reference. Returns the functions
     replaced, with where they were (code that imported one before the hook holds the
     original: it must travel by that name too)."""
-    global _hook_installed, _original_remote
+    global _original_remote
     with _hooked:
-        if _hook_installed:
+        if patches.replaced(api, "_invoke_rpc"):
             return {}
         original_invoke = api._invoke_rpc
         original_remote = _original_remote = api.remote
@@ -435,10 +434,9 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
             return on_call(to, func, args, kwargs,
                            partial(original_remote, to, func, args, kwargs, timeout), False)
 
-        api._invoke_rpc = _invoke_rpc
-        api.remote = remote
-        rpc.remote = remote  # the package re-exports api's names
-        _hook_installed = True
+        patches.replace(api, "_invoke_rpc", _invoke_rpc)
+        patches.replace(api, "remote", remote)
+        patches.replace(rpc, "remote", remote)  # the package re-exports api's names
         return {original_invoke: (api.__name__, "_invoke_rpc"),
                 original_remote: (api.__name__, "remote")}
 

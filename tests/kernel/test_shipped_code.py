@@ -16,9 +16,9 @@ import torch
 from conftest import run_watched
 
 from rpcnb.paths import serialize
+from rpcnb.session import state
 from rpcnb.wire import _torch, notebook
 
-serialize.install()
 UDF = _torch.python_udf()
 MAIN: dict = {}  # this process's notebook namespace (an IPython shell made by another test replaces it)
 NAMES = ("SCALE", "ITEMS", "nb_scale", "nb_items", "nb_helper", "nb_outer", "nb_fact",
@@ -37,6 +37,17 @@ RECEIVER = textwrap.dedent("""
         out.append([func(5), seen.index(func)])
     print(json.dumps(out))
 """)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed():
+    """rpcnb's pickler in torch for this module's tests, and torch's own again after them
+    (left installed where it was before: by a group this process is in, say)."""
+    before = serialize.is_installed()
+    serialize.install()
+    yield
+    if not before and not state.is_initialized():
+        serialize.uninstall()
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,22 @@ import pytest
 import torch
 
 from rpcnb.paths import serialize
+from rpcnb.session import state
 from rpcnb.wire import _torch
 
-serialize.install()
 UDF = _torch.python_udf()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed():
+    """rpcnb's pickler in torch for this module's tests, and torch's own again after them
+    (left installed where it was before: by a group this process is in, say)."""
+    before = serialize.is_installed()
+    serialize.install()
+    yield
+    if not before and not state.is_initialized():
+        serialize.uninstall()
+
 
 
 def importable(x):
@@ -40,7 +52,7 @@ def test_what_must_travel_by_value_is_not_plain():
     assert not serialize.plain(UDF(local, (), {}))
     assert not serialize.plain(UDF(lambda x: x, (), {}))
     # a notebook function reading a notebook global that can change in place (steady ones
-    # travel as bytes made once: tests/unit/test_shipped_code.py)
+    # travel as bytes made once: tests/kernel/test_shipped_code.py)
     namespace = sys.modules["__main__"].__dict__
     exec("NB_ITEMS = []\ndef nb_count():\n    return len(NB_ITEMS)\n", namespace)
     try:
@@ -154,8 +166,6 @@ def test_outside_a_group_a_tensor_is_named_as_torch_names_it():
     # through rendezvous.PROTOCOL); outside one, the peer may be running torch alone, which
     # must read rpcnb's message with its own pickler
     from torch.distributed.rpc.internal import _InternalRPCPickler
-
-    from rpcnb.session import state
 
     assert state.active() is None
     for message in (UDF(importable, (torch.arange(3), 2), {}),  # the C pickler's path
