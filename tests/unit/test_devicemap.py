@@ -519,6 +519,34 @@ def test_valid_maps_survive_the_string_form_with_names(dm, data):
 garbage_text = st.one_of(st.text(), st.text(alphabet="0123456789_,- \t:cudapwrkeo.x"))
 
 
+def assert_keeps_its_promises(dm: DeviceMap) -> None:
+    """What is true of any map ``parse`` returns: named peers, devices as TensorPipe spells
+    them or as written, problems listed (never raised), and its dict and string forms read
+    back as the same map wherever they can be written; the dict form cannot be written
+    exactly when one device is mapped to two targets for one peer, which validate says."""
+    for pair in dm:
+        assert pair.peer and pair.peer == pair.peer.strip(), pair
+        for device in (pair.local, pair.remote):
+            assert device == device.strip().lower(), pair
+            assert not dmod._INDEX.fullmatch(device), pair  # a bare index became cuda:N
+    problems = dm.validate()
+    assert all(isinstance(p, Problem) and p.message and p.peer in dm.peers for p in problems)
+    assert DeviceMap.parse(dm) == dm
+    duplicated = [p for p in problems if p.message.startswith("duplicated device:")]
+    try:
+        as_dict = dm.to_dict()
+    except ValueError:
+        assert duplicated, dm
+    else:
+        assert not duplicated, dm
+        assert DeviceMap.parse(as_dict) == dm and DeviceMap.parse(as_dict).to_dict() == as_dict
+    try:
+        text = dm.to_string()
+    except ValueError:
+        return
+    assert DeviceMap.parse(text) == dm, text
+
+
 @FAST
 @given(garbage_text)
 def test_garbage_strings_raise_only_value_error(text):
@@ -526,7 +554,7 @@ def test_garbage_strings_raise_only_value_error(text):
         dm = DeviceMap.parse(text)
     except ValueError:
         return
-    dm.validate()
+    assert_keeps_its_promises(dm)
 
 
 scalars = st.one_of(
@@ -534,13 +562,33 @@ scalars = st.one_of(
 )
 
 
+def mostly(good: st.SearchStrategy, bad: st.SearchStrategy, one_in: int = 10) -> st.SearchStrategy:
+    """``good``, and ``bad`` one draw in ``one_in``: one bad value fails a whole map."""
+    return st.integers(1, one_in).flatmap(lambda k: bad if k == 1 else good)
+
+
+# peers and devices as a user may write them, well or badly, among any scalars: enough of
+# the dicts parse that what a parsed map promises is checked, not only that nothing but
+# ValueError comes out
+any_peer = mostly(st.one_of(st.integers(0, 40), peer_names, st.just(" worker1 ")), scalars)
+any_device = mostly(st.one_of(
+    st.integers(-1, 15), st.integers(-1, 15).map(lambda i: f"cuda:{i}"),
+    st.sampled_from(["cpu", " CUDA:1 ", "gpu0", "cuda", "cuda:x", "007", "-2", "worker1"]),
+    garbage_text), scalars)
+
+garbage_dicts = st.dictionaries(
+    any_peer, mostly(st.dictionaries(any_device, any_device, max_size=4), scalars), max_size=4)
+
+
 @FAST
-@given(st.dictionaries(scalars, st.one_of(scalars, st.dictionaries(scalars, scalars))))
+@given(garbage_dicts)
 def test_garbage_dicts_raise_only_value_error(spec):
     try:
-        DeviceMap.parse(spec)
+        dm = DeviceMap.parse(spec)
     except ValueError:
-        pass
+        return
+    assert len(dm) <= sum(len(device_map) for device_map in spec.values())
+    assert_keeps_its_promises(dm)
 
 
 @FAST
