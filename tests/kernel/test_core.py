@@ -309,8 +309,12 @@ def test_interrupt_stops_remote_code_and_keeps_worker(group):
 
 def test_killed_worker_fails_fast_and_group_survives(own_group):
     pids = worker_pids(own_group)
-    own_group.kc.execute("%%remote worker1\nimport time\ntime.sleep(30)")  # a pending call
-    time.sleep(1.0)
+    own_group.kc.execute("%%remote worker1\nimport time\nprint('running', flush=True)\n"
+                         "time.sleep(30)")  # a pending call
+    while True:  # it runs on worker1: its first line has reached the notebook
+        msg = own_group.kc.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "stream" and "running" in msg["content"]["text"]:
+            break
     killed_at = time.monotonic()
     os.kill(pids["worker1"], signal.SIGKILL)
     out = None

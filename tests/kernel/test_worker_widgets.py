@@ -78,23 +78,23 @@ def test_interact_on_a_worker_answers_the_page(group):
                if m["msg_type"] == "comm_msg"), "the page's change did not reach interact"
 
 
-def test_a_dead_workers_widgets_close_and_nothing_hangs(group):
-    out = group.execute("%%remote worker2\nimport ipywidgets as w\nb = w.Button()\ndisplay(b)")
+def test_a_dead_workers_widgets_close_and_nothing_hangs(own_group):
+    out = own_group.execute("%%remote worker2\nimport ipywidgets as w\nb = w.Button()\ndisplay(b)")
     (button,) = opened(out, "ButtonModel")
     cid = button["content"]["comm_id"]
-    os.kill(worker_pids(group)["worker2"], signal.SIGKILL)
+    os.kill(worker_pids(own_group)["worker2"], signal.SIGKILL)
     deadline = time.monotonic() + 20
     closed = False
     while time.monotonic() < deadline and not closed:
-        group.later("", until=lambda _: False, timeout=0.5)  # reads into .stray
+        own_group.later("", until=lambda _: False, timeout=0.5)  # reads into .stray
         closed = any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == cid
-                     for m in group.stray)
+                     for m in own_group.stray)
     assert closed, "the dead worker's widget stayed open in the front end"
-    front_end_sets(group, cid, description="clicked")  # a message for it: dropped
+    front_end_sets(own_group, cid, description="clicked")  # a message for it: dropped
     t0 = time.monotonic()
-    assert group.execute("1 + 1").text == "2"
+    assert own_group.execute("1 + 1").text == "2"
     assert time.monotonic() - t0 < 5
-    assert group.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
+    assert own_group.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
 
 
 def test_a_missing_widget_library_says_what_to_install(group):
@@ -103,6 +103,7 @@ def test_a_missing_widget_library_says_what_to_install(group):
     assert "ipywidgets is not installed on worker1" in out.traceback, out.traceback
     assert "pip install ipywidgets" in out.traceback
     assert group.execute("%%remote worker1 --fetch\n1 + 1").text == "2"
+    group.execute("%%remote worker1\ndel sys.modules['ipywidgets']")  # installed again
 
 
 def test_an_anywidget_made_on_a_worker(group):
@@ -119,13 +120,13 @@ def test_an_anywidget_made_on_a_worker(group):
     assert group.execute("%%remote worker1 --fetch\nc.count").text == "11"
 
 
-def test_shutdown_closes_the_workers_widgets(group):
-    out = group.execute("%%remote worker1\nimport ipywidgets as w\nt = w.Text('x')\ndisplay(t)")
+def test_shutdown_closes_the_workers_widgets(own_group):
+    out = own_group.execute("%%remote worker1\nimport ipywidgets as w\nt = w.Text('x')\ndisplay(t)")
     (box,) = opened(out, "TextModel")
-    down = group.execute("%rpc_shutdown")
+    down = own_group.execute("%rpc_shutdown")
     closed = [m["content"]["comm_id"] for m in down.comms if m["msg_type"] == "comm_close"]
     assert box["content"]["comm_id"] in closed, down.comms
     # a message the page sends it afterwards is dropped, with one warning, and no hang
-    front_end_sets(group, box["content"]["comm_id"], value="y")
-    front_end_sets(group, box["content"]["comm_id"], value="z")
-    assert group.execute("1 + 1").text == "2"
+    front_end_sets(own_group, box["content"]["comm_id"], value="y")
+    front_end_sets(own_group, box["content"]["comm_id"], value="z")
+    assert own_group.execute("1 + 1").text == "2"
