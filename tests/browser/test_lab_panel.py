@@ -30,15 +30,10 @@ from pathlib import Path
 
 import pytest
 from conftest import children_of
-from test_lab_widgets import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    DOCS_STATIC,
-    lab,  # noqa: F401 (the fixture)
-    open_notebook,
-    run_cell,
-    write_notebook,
-)
+
+from .server import DOCS_STATIC, open_notebook, run_cell, write_notebook
+
+pytestmark = pytest.mark.xdist_group("browser")  # one JupyterLab for the session (conftest.py)
 
 CELLS = [
     "%load_ext rpcnb\n%rpc_init --workers 2",
@@ -61,32 +56,22 @@ NO_UCX = "the ucx extra is not installed: pip install -e '.[test,ucx]' (ucxx-cu1
 
 
 @contextlib.contextmanager
-def notebook_page(lab, notebook: str, cells, shots: Path,  # noqa: F811 (the fixture)
-                  clipboard: bool = False):
-    """A Chromium page with ``notebook`` (written from ``cells``) open in the lab (with
-    ``clipboard``, allowed to read and write the clipboard); a screenshot of the page to
-    ``shots`` if the test fails in it; the browser closed and the kernel's processes
-    recorded for the lab fixture to stop, either way."""
-    from playwright.sync_api import sync_playwright
-
+def notebook_page(lab, new_page, notebook: str, cells, shots: Path, clipboard: bool = False):
+    """A page of this test's own with ``notebook`` (written from ``cells``) open in the lab
+    (with ``clipboard``, allowed to read and write the clipboard); a screenshot of the page
+    to ``shots`` if the test fails in it; the kernel's processes recorded for the lab
+    fixture to stop, either way."""
     write_notebook(lab["root"] / notebook, cells, kernel="rpcnb")
     shots.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        lab["started"].update(children_of(os.getpid()))
-        context = browser.new_context(viewport={"width": 1500, "height": 1000})
-        if clipboard:
-            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=lab["url"])
-        page = context.new_page()
-        try:
-            open_notebook(page, lab, notebook, kernel="rpcnb")
-            yield page
-        except BaseException:
-            page.screenshot(path=str(shots / "failure.png"))
-            raise
-        finally:
-            lab["started"].update(children_of(lab["pid"]))
-            browser.close()
+    page = new_page(1500, 1000, clipboard=clipboard)
+    try:
+        open_notebook(page, lab, notebook, kernel="rpcnb")
+        yield page
+    except BaseException:
+        page.screenshot(path=str(shots / "failure.png"))
+        raise
+    finally:
+        lab["started"].update(children_of(lab["pid"]))
 
 
 def not_blank(png: Path) -> None:
@@ -116,11 +101,11 @@ def test_extension_is_installed_and_enabled():
     assert re.search(r"rpcnb v[\d.]+ enabled OK", text), text
 
 
-def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
+def test_panel_follows_the_group(lab, new_page, tmp_path):
     from playwright.sync_api import expect
 
     shots = tmp_path / "screenshots"
-    with notebook_page(lab, "panel.ipynb", CELLS, shots) as page:
+    with notebook_page(lab, new_page, "panel.ipynb", CELLS, shots) as page:
         status = page.locator(".rpcnb-status-item")
         expect(status).to_be_visible()  # before rpcnb is loaded: "RPC"
         status.click()  # the status item opens the panel
@@ -212,7 +197,7 @@ def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
     for name in ("panel.png", "panel-dead.png"):
         not_blank(shots / name)
     # the kernel dropped no message of the panel's (see docs/panel.md on subshells)
-    assert "Unknown subshell" not in (tmp_path / "lab.log").read_text(errors="replace")
+    assert "Unknown subshell" not in lab["log"]()
     if os.environ.get("RPCNB_UPDATE_SCREENSHOTS") == "1":
         DOCS_STATIC.mkdir(parents=True, exist_ok=True)
         for name in ("panel.png", "panel-dead.png"):
@@ -220,12 +205,12 @@ def test_panel_follows_the_group(lab, tmp_path):  # noqa: F811 (the fixture)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ucxx") is None, reason=NO_UCX)
-def test_panel_and_monitor_show_the_ucx_path(lab, tmp_path):  # noqa: F811 (the fixture)
+def test_panel_and_monitor_show_the_ucx_path(lab, new_page, tmp_path):
     """One JupyterLab for both front ends (starting another costs more than the test)."""
     from playwright.sync_api import expect
 
     shots = tmp_path / "screenshots"
-    with notebook_page(lab, "ucx.ipynb", UCX_CELLS, shots) as page:
+    with notebook_page(lab, new_page, "ucx.ipynb", UCX_CELLS, shots) as page:
         page.locator(".rpcnb-status-item").click()
         panel = page.locator("#rpcnb-panel")
         expect(panel).to_be_visible()

@@ -14,13 +14,13 @@ import os
 import re
 import shutil
 
+import pytest
 from conftest import children_of
-from test_lab_panel import not_blank, notebook_page
-from test_lab_widgets import (
-    DOCS_STATIC,
-    lab,  # noqa: F401 (the fixture)
-    run_cell,
-)
+
+from .server import DOCS_STATIC, run_cell
+from .test_lab_panel import not_blank, notebook_page
+
+pytestmark = pytest.mark.xdist_group("browser")  # one JupyterLab for the session (conftest.py)
 
 LONG = 60  # seconds the long cell would run: the test interrupts it long before
 CELLS = [
@@ -79,11 +79,11 @@ def open_panel(page):
     return panel
 
 
-def test_panel_is_readable_live_while_busy_and_acts(lab, tmp_path):  # noqa: F811
+def test_panel_is_readable_live_while_busy_and_acts(lab, new_page, tmp_path):
     from playwright.sync_api import expect
 
     shots = tmp_path / "screenshots"
-    with notebook_page(lab, "busy.ipynb", CELLS, shots, clipboard=True) as page:
+    with notebook_page(lab, new_page, "busy.ipynb", CELLS, shots, clipboard=True) as page:
         run_cell(page, 0)
         run_cell(page, 1)
         lab["started"].update(children_of(lab["pid"]))
@@ -153,6 +153,6 @@ def test_panel_is_readable_live_while_busy_and_acts(lab, tmp_path):  # noqa: F81
         panel.screenshot(path=str(shots / "panel-actions.png"))
     for name in ("panel-default-width.png", "panel-actions.png"):
         not_blank(shots / name)
-    assert "Unknown subshell" not in (tmp_path / "lab.log").read_text(errors="replace")
+    assert "Unknown subshell" not in lab["log"]()
     if os.environ.get("RPCNB_UPDATE_SCREENSHOTS") == "1":  # docs/panel.md's picture
         shutil.copy(shots / "panel-actions.png", DOCS_STATIC / "panel-actions.png")

@@ -14,7 +14,8 @@ import urllib.request
 from pathlib import Path
 
 from conftest import children_of, kill_all, pid_alive
-from test_lab_widgets import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, free_port
+
+from .server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
