@@ -102,9 +102,24 @@ def test_a_kernel_interrupt_misses_the_workers_which_share_its_session(kernel):
     for pid in ours:
         assert os.getsid(pid) == os.getsid(kernel.pid), pid
         assert os.getpgid(pid) == pid, pid  # a group of its own
+    # each worker waits in a background cell that says whether a SIGINT reached it
+    kernel.execute("%%remote --all --bg -o h\nimport time\ntry:\n    time.sleep(4)\n"
+                   "    said = 'slept'\nexcept KeyboardInterrupt:\n    said = 'interrupted'")
+    assert wait_until(lambda: kernel.value("h.status") == "running", timeout=10)
+    # the kernel is in a cell of its own when the signal comes: that cell ending with a
+    # KeyboardInterrupt is the signal's arrival at the kernel's process group
+    msg_id = kernel.kc.execute("import time\nprint('waiting', flush=True)\ntime.sleep(60)",
+                               stop_on_error=False)  # the next cells are not dropped
+    assert kernel.later(msg_id, until=lambda ms: any(
+        m["msg_type"] == "stream" for m in ms), timeout=30)
     os.killpg(group, signal.SIGINT)  # what jupyter_client's interrupt_kernel sends
-    time.sleep(1.0)
+    assert kernel.later(msg_id, until=lambda ms: any(
+        m["msg_type"] == "error" and m["content"]["ename"] == "KeyboardInterrupt" for m in ms),
+        timeout=30)
     assert all(pid_alive(pid) for pid in ours)
+    assert kernel.value("h.wait(30)") is True
+    assert kernel.execute("%%remote --all --fetch\nsaid").text == \
+        "{'worker1': 'slept', 'worker2': 'slept'}"
     for name in ("worker1", "worker2"):
         assert kernel.execute(f"%%remote {name} --fetch\nkept + 1").text == "42"
     kernel.execute("%rpc_shutdown")
@@ -205,7 +220,12 @@ def test_a_killed_or_replaced_launcher_leaves_the_group_alone(kernel):
     before = worker_pids(kernel)
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: not pid_alive(first))
-    time.sleep(1.5)  # longer than a worker's watch interval
+    # the workers have seen it go (they were handed to another parent, when a parent-death
+    # signal would have come), and what their watch asks (is the kernel alive?) holds there
+    assert wait_until(lambda: all(ppid(before[n]) != first for n in ("worker1", "worker2")))
+    assert kernel.execute(
+        f"%%remote --all --fetch\nfrom rpcnb.procs import processes\n"
+        f"processes.pid_alive({kernel.pid})").text == "{'worker1': True, 'worker2': True}"
     assert all(pid_alive(before[n]) for n in ("worker1", "worker2"))
     assert kernel.execute("%%remote --all --fetch\n6 * 7").text == \
         "{'worker1': 42, 'worker2': 42}"

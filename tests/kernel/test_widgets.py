@@ -42,9 +42,12 @@ def test_channel_monitor_live_then_stopped(own_group):
     assert own_group.value("mon.status") == "live"
     own_group.execute("%rpc_shutdown")
     assert wait_for(own_group, "mon.status.startswith('stopped')", timeout=10)
+    # no more pushes after the group is gone: its updating thread has ended, and the
+    # count it left stays
     updates = own_group.value("mon.updates")
-    time.sleep(1.5)
-    assert own_group.value("mon.updates") == updates  # no more pushes after the group is gone
+    assert wait_for(own_group, "not [t for t in __import__('threading').enumerate() "
+                               "if t.name == 'rpcnb-channel-monitor']")
+    assert own_group.value("mon.updates") == updates
 
 
 def test_channel_monitor_text_form(group):
