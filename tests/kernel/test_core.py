@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import children_of, listening_addresses, pid_alive, run_watched, worker_pids
 
 # The PyTorch CUDA RPC recipe (shared/seeds/000_00ff677fa0ebadd3.txt), kept with the tests
@@ -290,6 +291,7 @@ def test_remote_error_names_worker_and_cell_line(group):
     assert group.value("sys.last_value.results") == {"worker2": "worker2worker2"}
 
 
+@pytest.mark.serial  # times what the user waits: seconds
 def test_interrupt_stops_remote_code_and_keeps_worker(group):
     group.execute("%%remote worker1\nsafe = [1, 2, 3]")
     out = group.execute(
@@ -307,6 +309,7 @@ def test_interrupt_stops_remote_code_and_keeps_worker(group):
     assert group.execute("%%remote worker1 --fetch\nsum(safe)").text == "6"
 
 
+@pytest.mark.serial  # times what the user waits: seconds
 def test_killed_worker_fails_fast_and_group_survives(own_group):
     pids = worker_pids(own_group)
     own_group.kc.execute("%%remote worker1\nimport time\nprint('running', flush=True)\n"
@@ -466,6 +469,7 @@ def test_magics_need_a_group_first(kernel):
     assert "run %rpc_init" in out.traceback
 
 
+@pytest.mark.serial  # times what the user waits: seconds
 def test_timeout_interrupts_the_cell(group):
     out = group.execute("%%remote worker1 --timeout 1\nimport time\ntime.sleep(30)",
                         allow_error=True, timeout=20)

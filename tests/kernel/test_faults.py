@@ -7,9 +7,11 @@ import os
 import signal
 import time
 
+import pytest
 from conftest import pid_alive, worker_pids
 
 
+@pytest.mark.serial  # a dead worker's cell fails within 2 s
 def test_idle_worker_killed_then_a_new_member_joins(own_group, kernel_factory):
     pids = worker_pids(own_group)
     own_group.execute("%%remote worker2\nsurvivor = 'intact'")

@@ -3,6 +3,10 @@ spike in the monitor, the panel or %rpc_workers; the time its code ran is kept a
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.serial  # it measures latency: alone on the machine
+
 
 def test_a_long_cell_is_not_a_latency_spike(group):
     group.execute("%%remote worker1\nimport time\ntime.sleep(1.5)")

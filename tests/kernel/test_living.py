@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+import pytest
 from conftest import pid_alive, worker_pids
 
 LOOP = """\
@@ -30,6 +31,7 @@ def shown(out) -> str:
     return "\n".join(d.get("data", {}).get("text/plain", "") for d in out.displays)
 
 
+@pytest.mark.serial  # a background cell returns within 3 s
 def test_a_background_cell_streams_into_its_cell_while_other_cells_run(group):
     t0 = time.monotonic()
     bg = group.execute("%%remote worker1 --bg -o h\n" + LOOP.format(n=8, pause=0.4, value=42))

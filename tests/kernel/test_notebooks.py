@@ -1,10 +1,22 @@
-"""Every notebook in notebooks/ runs top to bottom in a fresh kernel (nbclient), on the
-plain ``python3`` kernelspec and on the isolated ``rpcnb`` one,
-shows the result it teaches (parsed from what it printed, not just "it ran") and its
-figures, and leaves no process behind: the kernel's descendants are tracked by pid while it
-runs, must be gone after the last cell (``%rpc_shutdown``) and after the kernel, and are
-killed if not. Its executed copy in notebooks/executed/ (``make tutorials``, committed) has
-the same code, no error and the same figures."""
+"""Every notebook in notebooks/ runs top to bottom in a fresh kernel (nbclient), shows the
+result it teaches (parsed from what it printed, not just "it ran") and its figures, and
+leaves no process behind: the kernel's descendants are tracked by pid while it runs, must be
+gone after the last cell (``%rpc_shutdown``) and after the kernel, and are killed if not.
+Its executed copy in notebooks/executed/ (``make tutorials``, committed) has the same code,
+no error and the same figures.
+
+Which kernelspec a notebook runs on. The isolated ``rpcnb`` kernelspec (kernelspec/,
+rpcnb/sandbox/provisioner.py, docs/security.md) changes one thing against the plain
+``python3`` one: the network the kernel and every worker it starts are in (the user's
+private network namespace, with nothing but ``lo``) and how Jupyter reaches the kernel (ipc
+sockets instead of TCP ports). Python, torch, files, /dev/shm and CUDA IPC are the
+machine's on both. So a notebook runs on both kernelspecs when what it shows depends on the
+network: starting a group and leaving it (the quickstart: the flow every notebook begins
+and ends with), what members listen on, the ports and addresses they meet at, joining, the
+transports and channels between them, or another rendezvous next to RPC (collectives).
+Those are ``BOTH_KERNELS``, each with its reason. Every other notebook runs once, on the
+kernelspec its own metadata names (what a user who opens it gets). A new notebook follows
+the same rule: add it to ``BOTH_KERNELS`` when its subject is one of those."""
 
 from __future__ import annotations
 
@@ -36,6 +48,13 @@ FIGURES = {
     "07_channels_and_device_maps": 1,  # probe round trip and bandwidth by size and path
     "08_ddp_parameter_server": 1,  # loss per epoch of each DDP trainer
 }
+# the notebooks that run on both kernelspecs (the rule: this module's docstring), and why
+BOTH_KERNELS = {
+    "01_quickstart": "starts a group, runs remote cells, leaves: what every notebook does",
+    "07_channels_and_device_maps": "transports, channels and probes between the members",
+    "08_ddp_parameter_server": "--collectives gloo: a process group that listens beside RPC",
+}
+OTHER_KERNEL = {"python3": "rpcnb", "rpcnb": "python3"}
 CELL_TIMEOUT = 180  # seconds per cell
 NOTEBOOK_LIMIT = 180.0  # seconds for a whole notebook, kernel start included
 GRACE = 5.0  # seconds processes get to exit after %rpc_shutdown / the kernel's shutdown
@@ -107,6 +126,22 @@ def _warm_launcher(pid: int) -> bool:
     return b"rpcnb.procs.forkserver" in cmdline and not name.startswith("rpcnb ")
 
 
+def kernelspecs(path: Path) -> list[str]:
+    """The kernelspecs ``path`` runs on: the one its metadata names, and the other one too
+    when it is in ``BOTH_KERNELS``."""
+    own = nbformat.read(path, as_version=4).metadata.kernelspec.name
+    return [own, OTHER_KERNEL[own]] if path.stem in BOTH_KERNELS else [own]
+
+
+# On a GPU machine notebook 02's run is read twice (by the test of every notebook and by
+# the gpu-marked test at the end): both go to one xdist worker, where it runs once.
+CUDA_RUN = pytest.mark.xdist_group("02_cuda_rpc")
+CASES = [pytest.param(path, kernel, id=f"{path.stem}-{kernel}",
+                      marks=[CUDA_RUN] if path.stem == "02_cuda_rpc" else [])
+         for path in NOTEBOOKS for kernel in kernelspecs(path)]
+
+
+@functools.cache
 def run_notebook(path: Path, kernel: str = "python3") -> Run:
     """Execute ``path`` once per test session and kernel (several tests read one run)."""
     run = Run(path)
@@ -339,10 +374,10 @@ CHECKS: dict[str, Callable[[Run], None]] = {
 # -- tests ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", ["python3", "rpcnb"])
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize(("path", "kernel"), CASES)
 def test_notebook_runs_and_shows_its_result(path: Path, kernel: str) -> None:
-    # on a plain kernel, and unchanged on the isolated 'rpcnb' kernel (docs/security.md)
+    # on its own kernelspec, and unchanged on the other one where that one's network could
+    # change what it shows (BOTH_KERNELS; docs/security.md)
     run = run_notebook(path, kernel)
     try:
         assert not run.error, f"{path.name} failed:\n{run.error}"
@@ -364,6 +399,8 @@ def test_notebook_runs_and_shows_its_result(path: Path, kernel: str) -> None:
 def test_every_checked_notebook_exists() -> None:
     assert set(CHECKS) <= {p.stem for p in NOTEBOOKS}
     assert set(FIGURES) <= {p.stem for p in NOTEBOOKS}
+    assert set(BOTH_KERNELS) <= {p.stem for p in NOTEBOOKS}
+    assert all(kernelspecs(p)[0] in OTHER_KERNEL for p in NOTEBOOKS), "a notebook's own kernelspec"
 
 
 def _code(nb: Any) -> list[str]:
@@ -413,10 +450,12 @@ def _gpus() -> int:
 
 
 @pytest.mark.gpu
+@CUDA_RUN
 @pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device: only then does 02_cuda_rpc "
                     "compare comm_mode='cpu' with 'cuda' (map {0: 0} on one GPU, {0: 1} on two)")
 def test_cuda_rpc_notebook_compares_cpu_and_cuda_modes() -> None:
-    run = run_notebook(NOTEBOOK_DIR / "02_cuda_rpc.ipynb")
+    path = NOTEBOOK_DIR / "02_cuda_rpc.ipynb"
+    run = run_notebook(path, kernelspecs(path)[0])  # the run the test above read, if it ran here
     assert not run.error, run.error
     expected = "map {0: 1}" if _gpus() >= 2 else "map {0: 0} (CUDA IPC)"
     assert expected in run.text

@@ -2,11 +2,18 @@
 
 Each program in ``tests/programs/`` is an ordinary torch RPC script: its definitions at
 module level, then, below ``MARKER``, a launcher that runs it under ``mp.spawn`` +
-``rpc.init_rpc`` (``tests/programs/launch.py``). A test runs the script in its own
-processes, then pastes the definitions into a real kernel that ran ``%load_ext rpcnb``
-and ``%rpc_init --workers N``, calls the same driver ``run(WORLD_SIZE)`` in a cell, and
-compares the two results number for number (allclose for floats). It also compares what
-the program printed: the script's terminal against the driver cell's output.
+``rpc.init_rpc`` (``tests/programs/launch.py``). A test pastes the definitions into a real
+kernel that ran ``%load_ext rpcnb`` and ``%rpc_init --workers N``, calls the same driver
+``run(WORLD_SIZE)`` in a cell, and compares the result with the script's number for number
+(allclose for floats). It also compares what the program printed: the script's terminal
+against the driver cell's output.
+
+The script's side is recorded (``tests/programs/baselines.py``): when the program, launch.py,
+torch, Python and the CPU capability are those of the recorded baseline, the test compares
+with it instead of running the script again; otherwise it runs the script in its own
+processes, as the baseline was made, and warns (``StaleBaseline``) that it should be
+recorded again: ``python tests/programs/baselines.py``. One test always runs a script, to
+check that the script side is real (separate processes, started by mp.spawn).
 """
 
 from __future__ import annotations
@@ -16,24 +23,23 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
-import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import Kernel, children_of, kill_all, pid_alive
+from conftest import Kernel
+from programs import baselines
+from programs.baselines import MARKER, ScriptRun, run_script
 
-PROGRAMS = Path(__file__).parents[1] / "programs"
-MARKER = "# --- launcher (not pasted) ---"
-SCRIPT_TIMEOUT = 120  # seconds; a script takes about 15 here (4 processes import torch)
+PROGRAMS = baselines.PROGRAMS
 CELL_TIMEOUT = 120
 RESULT = "RESULT "  # the driver cell prints the result as one line after this
 # rpcnb prefixes output that reaches the notebook from another member
 WORKER_PREFIX = re.compile(r"^\[worker\d+\] ", re.MULTILINE)
 RTOL, ATOL = 1e-5, 1e-6
+
 
 class DriverCellFailed(AssertionError):
     """The cell that calls run(WORLD_SIZE) raised."""
@@ -48,14 +54,11 @@ class OutputDiffers(AssertionError):
 
 
 @dataclass
-class ScriptRun:
+class Baseline:
+    """What the program gives as a script: recorded, or from a run in this session."""
+
     result: Any
-    pids: dict[str, list[int]]  # name -> [pid, parent pid], as each process reported
-    script_pid: int
-    seen: set[int]  # the script's descendants, looked at while it ran
-    alive_at_exit: set[int]  # those of them still running when the script had exited
     stdout: str
-    seconds: float
 
 
 def definitions(name: str) -> str:
@@ -71,42 +74,6 @@ def world_size(name: str) -> int:
                 isinstance(t, ast.Name) and t.id == "WORLD_SIZE" for t in node.targets):
             return ast.literal_eval(node.value)
     raise AssertionError(f"{name}.py defines no WORLD_SIZE")
-
-
-def run_script(name: str, tmp_path: Path) -> ScriptRun:
-    """``python PROGRAM.py OUT.json`` with a timeout; every process it started is killed
-    by pid at the end."""
-    out = tmp_path / f"{name}.json"
-    log_out, log_err = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
-    # block-buffered (stdout is a file): each process writes its lines whole when it exits,
-    # where unbuffered prints of several processes interleave mid-line
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    start = time.monotonic()
-    with open(log_out, "w") as so, open(log_err, "w") as se:
-        proc = subprocess.Popen([sys.executable, str(PROGRAMS / f"{name}.py"), str(out)],
-                                stdout=so, stderr=se, cwd=PROGRAMS, env=env)
-    seen: set[int] = set()
-    try:
-        while proc.poll() is None and time.monotonic() < start + SCRIPT_TIMEOUT:
-            seen.update(children_of(proc.pid))
-            time.sleep(0.05)
-        seen.update(children_of(proc.pid))
-        alive_at_exit = {p for p in seen if pid_alive(p)}
-    finally:
-        kill_all(sorted(seen | {proc.pid}))
-        proc.wait(timeout=10)
-    seconds = time.monotonic() - start
-    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
-    while time.monotonic() < deadline and any(pid_alive(p) for p in seen):
-        time.sleep(0.05)
-    assert not [p for p in seen if pid_alive(p)], f"{name}.py left processes running"
-    assert seconds < SCRIPT_TIMEOUT, f"{name}.py did not finish in {SCRIPT_TIMEOUT} s"
-    assert proc.returncode == 0, (
-        f"{name}.py exited with {proc.returncode} after {seconds:.1f} s:\n"
-        f"{log_err.read_text()[-4000:]}")
-    ran = json.loads(out.read_text())
-    return ScriptRun(ran["result"], ran["pids"], proc.pid, seen, alive_at_exit,
-                     log_out.read_text(), seconds)
 
 
 def run_in_notebook(kernel: Kernel, name: str) -> tuple[Any, str]:
@@ -156,8 +123,21 @@ def printed_lines(text: str) -> list[str]:
 SCRIPT_RUNS: dict[str, ScriptRun] = {}
 
 
-def check_program(name: str, kernel: Kernel, tmp_path: Path) -> ScriptRun:
-    script = SCRIPT_RUNS[name] = run_script(name, tmp_path)
+def script_baseline(name: str, tmp_path: Path) -> Baseline:
+    """The recorded baseline of ``name`` when its key matches; else the script, run now."""
+    entry = baselines.recorded(name)
+    if entry is not None:
+        return Baseline(entry["result"], entry["stdout"])
+    run = SCRIPT_RUNS[name] = run_script(name, tmp_path)
+    warnings.warn(baselines.StaleBaseline(
+        f"{name}.py: no recorded baseline for this source, launch.py, torch, Python and CPU "
+        f"({baselines.BASELINES.name}), so the script ran ({run.seconds:.0f} s); record it: "
+        f"{baselines.RECORD} {name}"), stacklevel=2)
+    return Baseline(run.result, run.stdout)
+
+
+def check_program(name: str, kernel: Kernel, tmp_path: Path) -> Baseline:
+    script = script_baseline(name, tmp_path)
     notebook, printed = run_in_notebook(kernel, name)
     try:
         assert_same(script.result, notebook)
@@ -202,9 +182,14 @@ def test_pipeline(kernel, tmp_path):
 
 
 def test_script_runs_in_separate_processes(tmp_path):
-    """The script side is real: one process per rank, each started by mp.spawn."""
+    """The script side is real: one process per rank, each started by mp.spawn; and its
+    recorded baseline, when current, is what it gives."""
     name = "remote_module"
     run = SCRIPT_RUNS.get(name) or run_script(name, tmp_path)
+    entry = baselines.recorded(name)
+    if entry is not None:
+        assert_same(entry["result"], run.result, "the recorded result")
+        assert printed_lines(entry["stdout"]) == printed_lines(run.stdout)
     names = [f"worker{r}" for r in range(world_size(name))]
     assert sorted(run.pids) == names
     pids = [run.pids[n][0] for n in names]
