@@ -44,10 +44,10 @@ MAGICS = {
 }
 
 
-def test_every_public_name_is_there():
+def test_every_public_name_is_listed():
+    # that each resolves from the package: tests/kernel/test_public_names.py (rpcnb.init's
+    # lookup starts the workers' launcher, a process)
     assert sorted(rpcnb.__all__) == PUBLIC
-    for name in PUBLIC:
-        assert getattr(rpcnb, name) is not None, name
 
 
 def test_the_public_functions_stay_functions_once_every_module_is_loaded():
