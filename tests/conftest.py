@@ -69,6 +69,7 @@ class Kernel:
         self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
         self.known: set[int] = {self.pid}
         self.stray: list[dict[str, Any]] = []  # iopub messages of earlier cells, kept
+        self.init_output: Output | None = None  # a shared group's %rpc_init cell
 
     def later(self, msg_id: str, until: Any = None, timeout: float = 30) -> list[dict[str, Any]]:
         """Messages of the cell ``msg_id`` that came after it finished (a background cell
@@ -234,15 +235,17 @@ HEALTH = ("%remote --all --fetch __import__('os').getpid()")
 
 
 class SharedGroup:
-    """One kernel that is worker0 of a group of worker1 and worker2, shared by the tests of
-    one module (the ``group`` fixture). Before each test it is checked: the kernel and both
+    """One kernel that is worker0 of a group of worker1 and worker2 (``%rpc_init --workers
+    2``, or the module's ``GROUP_INIT`` line), shared by the tests of one module (the
+    ``group`` fixture). Before each test it is checked: the kernel and both
     workers alive, the same pids as when it started, and every worker answering a cell;
     after each test that passed, its background cells are ended and the workers' and the
     kernel's namespaces emptied. When any of that fails, or the test failed (a cell may be
     left running), it is stopped and the next test gets a new one. Its processes are
     stopped by pid when the module ends, and the teardown fails if one is left."""
 
-    def __init__(self) -> None:
+    def __init__(self, init: str = "%rpc_init --workers 2") -> None:
+        self.init = init
         self.kernel: Kernel | None = None
         self.pids: dict[str, int] = {}
         self.known: set[int] = set()
@@ -253,7 +256,7 @@ class SharedGroup:
         self.kernel = k
         self.starts += 1
         k.execute("%load_ext rpcnb")
-        k.execute("%rpc_init --workers 2")
+        k.init_output = k.execute(self.init)
         self.pids = worker_pids(k)
         return k
 
@@ -308,8 +311,8 @@ class SharedGroup:
 
 
 @pytest.fixture(scope="module")
-def shared_group():
-    holder = SharedGroup()
+def shared_group(request: pytest.FixtureRequest):
+    holder = SharedGroup(getattr(request.module, "GROUP_INIT", "%rpc_init --workers 2"))
     yield holder
     left = holder.close()
     assert not left, f"processes left running: {left}"

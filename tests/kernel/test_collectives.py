@@ -12,12 +12,15 @@ import pytest
 COLL = "import torch\nimport torch.distributed as dist\n"
 
 
+# conftest.group: one group for the module, with a process group of its workers
+GROUP_INIT = "%rpc_init --workers 2 --collectives gloo --collective-timeout 5"
+
+
 @pytest.fixture
-def coll_group(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_init --workers 2 --collectives gloo --collective-timeout 5")
-    assert "the workers form a process group (gloo): worker1..worker2 are ranks 0..1" in out.stdout
-    return kernel
+def coll_group(group):
+    out = group.init_output.stdout
+    assert "the workers form a process group (gloo): worker1..worker2 are ranks 0..1" in out
+    return group
 
 
 def test_all_reduce_all_gather_barrier_and_rpc_in_the_same_processes(coll_group):
