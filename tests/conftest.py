@@ -379,15 +379,16 @@ def test_address():
     """A veth interface of our own with a private test address (needs root, iproute2)."""
     if os.geteuid() != 0 or not shutil.which("ip"):
         pytest.skip("creating a test interface needs root and iproute2")
-    name, addr = "rpcnbtest0", "10.213.77.1"
+    tag = os.getpid() % 10000  # parallel test processes each make their own
+    name, peer, addr = f"rpcnbt{tag}a", f"rpcnbt{tag}b", f"10.215.{tag % 250}.1"
     made = subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name",
-                           "rpcnbtest1"], capture_output=True)
+                           peer], capture_output=True)
     if made.returncode != 0:
         pytest.skip(f"cannot create a dummy interface here: {made.stderr.decode().strip()}")
     try:
         subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", name], check=True)
         subprocess.run(["ip", "link", "set", name, "up"], check=True)
-        subprocess.run(["ip", "link", "set", "rpcnbtest1", "up"], check=True)
+        subprocess.run(["ip", "link", "set", peer, "up"], check=True)
         yield name, addr
     finally:
         subprocess.run(["ip", "link", "del", name], capture_output=True)
@@ -571,9 +572,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (scripts/test_suite.py), the tests of a module that use a fixture
     kept for the module (``group``, a module's own ``api_group``) go to one worker, so
     that the module starts it once; the others spread over the workers one by one. A
-    module that names its own ``xdist_group`` keeps it."""
+    module that names its own ``xdist_group`` keeps it. The tests of tests/net run one at
+    a time on one worker: they make network namespaces, veth pairs on private /30s and
+    daemons (sshd, Slurm) of their own, named after their process."""
     for item in items:
         if item.get_closest_marker("xdist_group"):
+            continue
+        if item.path.parent.name == "net":
+            item.add_marker(pytest.mark.xdist_group("net"))
             continue
         defs = getattr(item, "_fixtureinfo", None)
         ours = [d[-1] for d in defs.name2fixturedefs.values() if d[-1].baseid] if defs else []
