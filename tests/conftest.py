@@ -396,12 +396,14 @@ def test_address():
 
 class ApiGroup:
     """This test process as worker0 of a group of real workers (the Python API; one, or the
-    module's ``API_WORKERS``), kept for the tests of one module: checked before each test
+    module's ``API_WORKERS``, started with the module's ``API_INIT`` arguments), kept for
+    the tests of one module: checked before each test
     (every worker alive and answering), started again when not, or when the test before
     failed."""
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, **init: Any) -> None:
         self.workers = workers
+        self.init = init  # more of rpcnb.init's arguments: the module's API_INIT
         self.seen: set[int] = set()
         self.up = False
 
@@ -427,7 +429,7 @@ class ApiGroup:
         if self.up and not self.healthy():
             self.stop()
         if not self.up:
-            rpcnb.init(self.workers)
+            rpcnb.init(self.workers, **self.init)
             self.up = True
             self.seen.update(children_of(os.getpid()))
 
@@ -455,7 +457,8 @@ class ApiGroup:
 
 @pytest.fixture(scope="module")
 def shared_api_group(request: pytest.FixtureRequest):
-    holder = ApiGroup(getattr(request.module, "API_WORKERS", 1))
+    holder = ApiGroup(getattr(request.module, "API_WORKERS", 1),
+                      **getattr(request.module, "API_INIT", {}))
     yield holder
     holder.stop()
     left = stopped(holder.seen)
@@ -468,6 +471,20 @@ def no_api_group(shared_api_group: ApiGroup) -> None:
     (for a test that starts a group of its own in this process, or checks what happens
     outside one)."""
     shared_api_group.stop()
+
+
+@pytest.fixture
+def own_api_group(shared_api_group: ApiGroup) -> Any:
+    """A group of this test's own, as ``api_group`` makes it (the module's shared one is
+    stopped first): for a test that needs fresh pools or counts, or shuts the group down.
+    Its processes are stopped by pid at the end."""
+    shared_api_group.stop()
+    own = ApiGroup(shared_api_group.workers, **shared_api_group.init)
+    own.get()
+    yield
+    own.stop()
+    left = stopped(own.seen)
+    assert not left, f"processes left running: {left}"
 
 
 @pytest.fixture
@@ -567,6 +584,11 @@ def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
+# Folders whose tests take longest together (tests/packaging's builds and fresh venvs,
+# tests/net's one-at-a-time group, the browser tests' one server), in that order.
+LONGEST_FIRST = {"packaging": 0, "net": 1, "browser": 2}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test_suite.py), the tests of a module that use a fixture
@@ -575,6 +597,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module that names its own ``xdist_group`` keeps it. The tests of tests/net run one at
     a time on one worker: they make network namespaces, veth pairs on private /30s and
     daemons (sshd, Slurm) of their own, named after their process."""
+    # the longest runs first, so that no worker starts one of them near the end
+    items.sort(key=lambda item: LONGEST_FIRST.get(item.path.parent.name, len(LONGEST_FIRST)))
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue

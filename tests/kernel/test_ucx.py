@@ -61,21 +61,15 @@ def add_one_in_place(t):
     return t.sum().item()
 
 
+# conftest.api_group: two workers on this host with UCX, rpcnb's shared memory off (on,
+# it carries CPU tensors on one host: test_on_one_host_cpu_tensors_keep_rpcnbs_shared_memory)
+API_WORKERS = 2
+API_INIT = {"ucx": True, "shm": False}
+
+
 @pytest.fixture
-def ucx_group():
-    """Two workers on this host with UCX, rpcnb's shared memory off (on, it carries CPU
-    tensors on one host: test_on_one_host_cpu_tensors_keep_rpcnbs_shared_memory)."""
-    seen: set[int] = set()
-    rpcnb.init(2, ucx=True, shm=False)
-    try:
-        yield seen
-    finally:
-        seen.update(children_of(os.getpid()))
-        try:
-            if state.is_initialized():
-                rpcnb.shutdown()
-        finally:
-            kill_all(sorted(p for p in seen if pid_alive(p)))
+def ucx_group(api_group):
+    return api_group
 
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
@@ -119,7 +113,7 @@ def test_push_fetch_and_remote_results_take_ucx_with_copy_semantics(ucx_group):
     assert not shm.stats()["in_flight"]
 
 
-def test_received_buffers_are_reused_only_once_every_view_is_freed(ucx_group):
+def test_received_buffers_are_reused_only_once_every_view_is_freed(own_api_group):
     def fetch(value: float) -> torch.Tensor:
         return rpcnb.run("worker1", f"import torch\ntorch.full((2**20,), {value})", fetch=True)
 
@@ -416,7 +410,7 @@ def _threads_and_fds() -> tuple[int, int]:
     return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
 
 
-def test_nothing_left_after_shutdown():
+def test_nothing_left_after_shutdown(no_api_group):
     seen: set[int] = set()
     try:
         rpcnb.init(1, shm=False)  # the same group without UCX: what torch and rpcnb leave
