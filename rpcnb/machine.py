@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import ipaddress
 import os
 import socket
@@ -343,8 +344,13 @@ def _ns(kind: str) -> str:
         return ""
 
 
+@functools.cache
 def _libc() -> Any:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # by its soname first: ctypes.util.find_library runs `ldconfig -p` (a process) per call
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 class _IoVec(ctypes.Structure):

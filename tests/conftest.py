@@ -584,6 +584,43 @@ def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
+# tests/unit starts no process: an audit hook (they cannot be removed, so one for the run)
+# notes each process started while a unit test runs, and the test fails on it.
+PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                  "os.exec", "os.system"}
+
+
+@dataclass
+class ProcessWatch:
+    """What the audit hook saw while ``on``: the events that start a process."""
+
+    on: bool = False
+    seen: list[str] = field(default_factory=list)
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.on and event in PROCESS_EVENTS:
+            self.seen.append(f"{event}{args[:2]!r}")
+
+
+PROCESS_WATCH = ProcessWatch()
+sys.addaudithook(PROCESS_WATCH)
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request: pytest.FixtureRequest) -> Any:
+    if request.node.path.parent.name != "unit":
+        yield
+        return
+    PROCESS_WATCH.seen.clear()
+    PROCESS_WATCH.on = True
+    try:
+        yield
+    finally:
+        PROCESS_WATCH.on = False
+    assert not PROCESS_WATCH.seen, ("a unit test started a process (it belongs in "
+                                    f"tests/kernel or tests/build): {PROCESS_WATCH.seen}")
+
+
 # Folders whose tests take longest together (tests/packaging's builds and fresh venvs,
 # tests/net's one-at-a-time group, the browser tests' one server), in that order.
 LONGEST_FIRST = {"packaging": 0, "net": 1, "browser": 2}

@@ -8,7 +8,6 @@ import importlib
 import importlib.metadata
 import inspect
 import json
-import pkgutil
 from pathlib import Path
 
 import rpcnb
@@ -48,17 +47,6 @@ def test_every_public_name_is_listed():
     # that each resolves from the package: tests/kernel/test_public_names.py (rpcnb.init's
     # lookup starts the workers' launcher, a process)
     assert sorted(rpcnb.__all__) == PUBLIC
-
-
-def test_the_public_functions_stay_functions_once_every_module_is_loaded():
-    """A subpackage named like a public function (rpcnb.group) would replace it as an
-    attribute of rpcnb the moment it is imported."""
-    for info in pkgutil.walk_packages(rpcnb.__path__, "rpcnb."):
-        importlib.import_module(info.name)
-    for name in ("add_workers", "attach", "copying", "group", "init", "interrupt", "jobs",
-                 "join", "restart", "run", "run_bg", "shutdown"):
-        assert inspect.isfunction(getattr(rpcnb, name)), name
-    assert rpcnb.group.__module__ == "rpcnb.membership.view"
 
 
 def test_the_magics_and_their_flags():
