@@ -93,9 +93,10 @@ cluster-deps:
 	  fi; \
 	fi
 
-# pytest's exit code is passed through as is: 5 (no tests collected) fails the target.
-# The tests live by kind: tests/unit (no processes), tests/kernel (real kernels, workers and
-# torch RPC over loopback), tests/browser (JupyterLab in Chromium), tests/net (root: network
+# The tests live by kind: tests/unit (no processes; a test fails if it starts one),
+# tests/build (the docs site, the panel's jest tests, lint-imports' contract, the docs
+# command, a fresh interpreter's imports), tests/kernel (real kernels, workers and torch RPC
+# over loopback), tests/browser (JupyterLab in Chromium), tests/net (root: network
 # namespaces, veth, tc netem, sshd, Slurm), tests/gpu (CUDA; they skip without it),
 # tests/packaging (the wheel built without Node.js; the README's Install in a fresh venv).
 #
@@ -103,6 +104,7 @@ cluster-deps:
 # pytest-xdist workers, then the timing-sensitive `serial` tests alone; every failure is
 # reported (no -x), and it ends with its wall time and slowest tests (all of them in
 # test-results/durations.txt, CI's artefact). TEST_ARGS: more of its flags (-n 2, a path).
+# Its exit status is 0 only when every phase passed (pytest's 5, no tests, is a failure).
 test: $(STAMP) chromium cluster-deps
 	$(BIN)/python scripts/test_suite.py $(TEST_ARGS)
 

@@ -7,7 +7,7 @@
    jupyter_client starts with this interpreter; any process of the kernel's that
    outlives it is killed by pid), and so is every notebook with ``--execute``.
    With ``--no-execute`` no kernel starts: a missing or stale copy is replaced by the
-   stored notebook, which has no outputs (what ``tests/unit/test_docs.py`` builds, quickly).
+   stored notebook, which has no outputs (what ``tests/build/test_docs.py`` builds, quickly).
 2. Stages ``docs/`` (without ``_build``) in ``<build>/src`` with those notebooks under
    ``tutorials/``. A notebook's links to
    ``../docs/X.md`` become ``../X.md``, where the site has those pages. The staged
