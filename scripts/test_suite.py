@@ -85,7 +85,7 @@ def report(phases: list[Phase], wall: float) -> str:
     times = {test: s for phase in phases for test, s in phase.times.items()}
     lines = [f"{phase.name}: {phase.seconds:.0f} s, exit status {phase.status} "
              f"({len(phase.times)} tests)" for phase in phases]
-    lines.append(f"make test wall time: {wall:.0f} s ({wall / 60:.1f} min)")
+    lines.append(f"wall time: {wall:.0f} s ({wall / 60:.1f} min)")
     lines.append(f"slowest {SLOWEST} tests (setup + call + teardown):")
     for test, s in sorted(times.items(), key=lambda kv: -kv[1])[:SLOWEST]:
         lines.append(f"  {s:7.1f} s  {test}")

@@ -90,33 +90,33 @@ def test_data_arrives_intact_over_a_slow_lossy_link(kernel, tmp_path):
 
 
 def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
-    """A group whose RPC timeout is 5 s, over a link of 2.5 MB/s (20 Mbit/s) with 20 ms
-    delay and 1 % loss: a 24 MB argument and a 20 MB printout take longer than 5 s and
-    arrive, because their time limits grow with their size (5 s + 1 s per MB); a 24 MB
+    """A group whose RPC timeout is 2 s, over a link of 2.5 MB/s (20 Mbit/s) with 20 ms
+    delay and 1 % loss: a 10 MB argument and a 10 MB printout take longer than 2 s and
+    arrive, because their time limits grow with their size (2 s + 1 s per MB); a 10 MB
     --push and an 8 MB --fetch (no limit) arrive and show their bars; a small call to a
-    member that does not answer in 5 s still fails after 5 s; and the same 24 MB under a
-    fixed 5 s limit (``timeout=5``, as every call had before) is cut off."""
+    member that does not answer in 2 s still fails after 2 s; and the same 10 MB under a
+    fixed 2 s limit (``timeout=2``, as every call had before) is cut off."""
     tag = os.getpid() % 100000 + 1
-    base = 5
+    base = 2
     with slow_link(*net_for(tag), delay=0.02, loss=0.01, rate=2.5e6) as net:
         procs, _ = far_group(kernel, net, tmp_path, names=("worker2",), own_pids=True,
                              init=f"--timeout {base}", worker_args=("--timeout", str(base)))
         try:
             print(f"link: {net['how']}, 20 ms and 1 % loss each way, 20 Mbit/s")
             assert kernel.value("__import__('torch').distributed.rpc.get_rpc_timeout()") == base
-            n = 24 * MB // 4
+            n = 10 * MB // 4
             kernel.execute(f"import torch, time\nimport torch.distributed.rpc as rpc\n{DIGEST}"
                            f"torch.manual_seed(31)\nx = torch.randn({n})\nwant = digest(x)")
             kernel.execute(f"%%remote worker2\n{DIGEST}")
 
-            # a plain call with a 24 MB argument: longer than the group's timeout, and it
-            # arrives (its limit: 5 s + 24 s)
+            # a plain call with a 10 MB argument: longer than the group's timeout, and it
+            # arrives (its limit: 2 s + 10 s)
             out, took = timed(kernel, "rpc.rpc_sync('worker2', digest, args=(x,)) == want",
                               timeout=120)
             assert out.text == "True", (out.text, out.traceback)
             assert took > base, took
-            print(f"rpc_sync with 24 MB: {took:.1f} s (limit {base} s before, "
-                  f"{base + 24} s now)")
+            print(f"rpc_sync with 10 MB: {took:.1f} s (limit {base} s before, "
+                  f"{base + 10} s now)")
 
             # --push and --fetch have no limit; across hosts, a bar from 8 MB once they
             # have taken half a second
@@ -126,8 +126,8 @@ def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
             assert out.text.strip("'") == kernel.value("want")
             assert took > base, took
             text = shown(out)
-            assert "--push to worker2: 24.0 MB" in text and "/s" in text, text
-            print(f"--push of 24 MB: {took:.1f} s, with a progress bar")
+            assert "--push to worker2: 10.0 MB" in text and "/s" in text, text
+            print(f"--push of 10 MB: {took:.1f} s, with a progress bar")
             out, took = timed(kernel, "%%remote worker2 --fetch -o part\nx[:2 << 20]",
                               timeout=120)
             assert not out.error, out.traceback
@@ -136,14 +136,14 @@ def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
             assert "--fetch from worker2: 8.0 MB" in text and "/s" in text, text
             print(f"--fetch of 8 MB: {took:.1f} s, with a progress bar")
 
-            # output: a cell that prints 20 MB; each batch's delivery has its own limit
+            # output: a cell that prints 10 MB; each batch's delivery has its own limit
             line = "0123456789abcdef" * 64  # 1 KB a line
-            out, took = timed(kernel, f"%%remote worker2\nprint('\\n'.join([{line!r}] * 20480))",
+            out, took = timed(kernel, f"%%remote worker2\nprint('\\n'.join([{line!r}] * 10240))",
                               timeout=120)
             assert not out.error, out.traceback
-            assert out.stdout.count(line) == 20480, len(out.stdout)
+            assert out.stdout.count(line) == 10240, len(out.stdout)
             assert took > base, took
-            print(f"20 MB printed on worker2: {took:.1f} s")
+            print(f"10 MB printed on worker2: {took:.1f} s")
 
             # a small call still fails after the group's timeout
             out, took = timed(kernel, "rpc.rpc_sync('worker2', time.sleep, args=(3 * "
@@ -152,11 +152,11 @@ def test_time_limits_grow_with_what_is_sent(kernel, tmp_path):
             assert base - 0.5 < took < base + 3, took
             print(f"a small call that gets no answer failed after {took:.1f} s")
 
-            # what a fixed limit did to the 24 MB
+            # what a fixed limit did to the 10 MB
             out, took = timed(kernel, f"rpc.rpc_sync('worker2', digest, args=(x,), "
                                       f"timeout={base})", timeout=120)
             assert out.error and "more than set timeout" in out.traceback, out.traceback
-            print(f"the same 24 MB under a fixed {base} s limit: cut off after {took:.1f} s")
+            print(f"the same 10 MB under a fixed {base} s limit: cut off after {took:.1f} s")
             kernel.execute("%rpc_shutdown", timeout=60)
         finally:
             stop(procs, net["ns"])
