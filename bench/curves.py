@@ -43,7 +43,8 @@ def reps_for(nbytes: int, quick: bool) -> int:
 # --------------------------------------------------------------------------- in the kernel
 
 
-def one_way(sizes: list[int], quick: bool, warmup: int = 2) -> dict[str, Any]:
+def one_way(sizes: list[int], quick: bool, warmup: int = 2,
+            reps: int | None = None) -> dict[str, Any]:
     """Runs in a kernel that is worker0 of a group with worker1: per size, the round
     trip of ``rpc_sync("worker1", consume, args=(t,))`` for a tensor that is not shared
     (TensorPipe: rpcnb's paths off; rpcnb shm: the pool-buffer copy) and for a
@@ -52,7 +53,7 @@ def one_way(sizes: list[int], quick: bool, warmup: int = 2) -> dict[str, Any]:
     from rpcnb.paths import shm
 
     try:
-        return {"sizes": {str(nbytes): _one_size(nbytes, reps_for(nbytes, quick), warmup)
+        return {"sizes": {str(nbytes): _one_size(nbytes, reps or reps_for(nbytes, quick), warmup)
                           for nbytes in sizes}}
     finally:
         shm.set_enabled(True)
@@ -112,7 +113,10 @@ def _one_size(nbytes: int, reps: int, warmup: int) -> dict[str, Any]:
 
 
 def measure(ctx: Any) -> dict[str, Any]:
-    sizes = SIZES_QUICK if ctx.quick else SIZES_FULL
+    own = ctx.cfg.get(SECTION, {})  # bench.run's SMOKE
+    sizes = own.get("sizes", SIZES_QUICK if ctx.quick else SIZES_FULL)
+    # one_way(sizes, quick[, warmup, reps]): without reps of its own, the module's
+    args = [sizes, ctx.quick] + ([own.get("warmup", 2), own["reps"]] if "reps" in own else [])
     result: dict[str, Any] = {}
     ctx.log(f"curves: one-way time for {len(sizes)} sizes, 4 paths")
     k = ctx.new_kernel()
@@ -120,7 +124,8 @@ def measure(ctx: Any) -> dict[str, Any]:
         ctx.cell(k, "%load_ext rpcnb")
         ctx.cell(k, f"%rpc_init --workers 1 {ctx.rpc_args}".strip(), timeout=300)
         ctx.cell(k, "import bench.curves as C")
-        result["one_way"] = ctx.cell(k, f"B.emit(C.one_way({sizes!r}, {ctx.quick}))", timeout=900)
+        result["one_way"] = ctx.cell(k, f"B.emit(C.one_way({', '.join(map(repr, args))}))",
+                                     timeout=900)
     finally:
         ctx.close_kernel(k, ["B.stop_rpcnb()"])
     counts = INIT_WORKERS_QUICK if ctx.quick else INIT_WORKERS_FULL

@@ -29,12 +29,14 @@ def cpu_ticks(pid: int) -> tuple[str, int] | None:
 
 
 def measure(ctx: Any) -> dict[str, Any]:
-    seconds = 5.0 if ctx.quick else 30.0
-    ctx.log(f"idle: a group of {WORKERS} workers and its kernel, doing nothing for {seconds:g} s")
+    own = ctx.cfg.get(SECTION, {})  # bench.run's SMOKE
+    seconds = own.get("seconds", 5.0 if ctx.quick else 30.0)
+    workers = own.get("workers", WORKERS)
+    ctx.log(f"idle: a group of {workers} workers and its kernel, doing nothing for {seconds:g} s")
     k = ctx.new_kernel()
     try:
         ctx.cell(k, "%load_ext rpcnb")
-        ctx.cell(k, f"%rpc_init --workers {WORKERS} {ctx.rpc_args}".strip(), timeout=300)
+        ctx.cell(k, f"%rpc_init --workers {workers} {ctx.rpc_args}".strip(), timeout=300)
         ctx.cell(k, "%%remote --all\nNone")  # every worker has run a cell
         time.sleep(2.0)  # start-up's last work (threads spinning down) is not idle time
         pids = [k.pid] + ctx.children_of(k.pid)
@@ -54,7 +56,7 @@ def measure(ctx: Any) -> dict[str, Any]:
         procs.append({"pid": p, "name": a[0], "cpu_s": (a[1] - b[1]) / hz,
                       "kernel": p == k.pid})
     total = sum(x["cpu_s"] for x in procs)
-    return {"seconds": round(wall, 3), "workers": WORKERS, "clk_tck": hz, "processes": procs,
+    return {"seconds": round(wall, 3), "workers": workers, "clk_tck": hz, "processes": procs,
             "cpu_s": total, "pct_of_one_core": 100.0 * total / wall}
 
 

@@ -37,7 +37,8 @@ def script_seconds(out: Path, steps: int) -> float:
 
 
 def measure(ctx: Any) -> dict[str, Any]:
-    rounds, steps = (2, 50) if ctx.quick else (ROUNDS, STEPS)
+    own = ctx.cfg.get(SECTION, {})  # bench.run's SMOKE
+    rounds, steps = (own.get("rounds", 2), own.get("steps", 50)) if ctx.quick else (ROUNDS, STEPS)
     ctx.log(f"notebook code: batched RL, pasted / importable / script, {rounds} rounds")
     source = PROGRAM.read_text()
     pasted = source[:source.index("# --- launcher (not pasted) ---")]

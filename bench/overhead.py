@@ -367,7 +367,8 @@ def table(result: dict[str, Any]) -> str:
 def measure(ctx: Any) -> dict[str, Any]:
     # even: each group first as often; 40: a row's turns spread over 0.83-1.33x on the
     # 2-core VM, and one 10-turn run put the same code's 16-float row at 1.03x and 1.08x
-    calls, turns = (100, 2) if ctx.quick else (100, 40)
+    own = ctx.cfg.get(SECTION, {})  # bench.run's SMOKE
+    calls, turns = (own.get("calls", 100), own.get("turns", 2)) if ctx.quick else (100, 40)
     ctx.log(f"overhead: torch-only and rpcnb groups in turns, {calls} calls, {turns} turns")
     return measure_turns(calls, turns)
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.run            # full run -> bench/results/latest.json
     .venv/bin/python -m bench.run --quick    # smoke run, well under a minute
+    .venv/bin/python -m bench.run --smoke    # the test suite's: each comparison once, tiny
     .venv/bin/python bench/run.py --out PATH
 
 What runs (docs/benchmarks.md says more):
@@ -99,6 +100,26 @@ QUICK = {
     "reps": {"default": 5},
     "xfer_warmup": 1,
     "startup_reps": 1,
+}
+# tests/kernel/test_bench_smoke.py: every comparison of a quick run, each at the smallest
+# counts that still give every figure and table, so that the run is its processes' start-ups
+# (the UCX section, a process of its own, is left out). The bench modules take their part
+# by their SECTION name; what a part does not name is their --quick setting.
+SMOKE = {
+    "workers": 2,
+    "fanout": [1, 2],
+    "rt": {"calls": 2, "rounds": 1, "warmup": 1},
+    "cells": {"cells": 1, "rounds": 1},
+    "fan": {"calls": 2, "rounds": 1, "warmup": 1},
+    "sizes_mb": [1],
+    "reps": {"default": 2},
+    "xfer_warmup": 0,
+    "startup_reps": 1,
+    "curves": {"sizes": [4 << 10, 256 << 10], "reps": 1, "warmup": 0},
+    "idle": {"seconds": 1.0, "workers": 2},
+    "startup_cold_warm": {"warm": 1},
+    "notebook_code": {"rounds": 1, "steps": 5},
+    "overhead": {"calls": 10, "turns": 2},
 }
 
 
@@ -353,6 +374,9 @@ def machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and repeats: a smoke run")
+    parser.add_argument("--smoke", action="store_true",
+                        help="each comparison once at the smallest counts, no UCX section: "
+                             "the test suite's run (tests/kernel/test_bench_smoke.py)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
     parser.add_argument("--only", default=None,
                         help="comma list of benchmarks to run: 1,2,3,4 and the modules' sections "
@@ -360,9 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rpc-args", default="",
                         help="extra %%rpc_init flags for every rpcnb group, e.g. '--transports uv'")
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
+    args.quick = args.quick or args.smoke  # the bench modules' small setting, where SMOKE is silent
+    cfg = SMOKE if args.smoke else QUICK if args.quick else FULL
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     extra = modules()
-    every = ["1", "2", "3", "4"] + [m.SECTION for m in extra] + ["ucx"]
+    every = ["1", "2", "3", "4"] + [m.SECTION for m in extra] + ([] if args.smoke else ["ucx"])
     only = {p.strip() for p in (args.only or ",".join(every)).split(",")}
     out_path = args.out or DEFAULT_OUT
 
@@ -419,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         table += "\n\n" + generated.text_table([["goals (start-up)", "verdict", "measured"]] + [
             [t["target"], t["verdict"], t["shown"]] for t in more])
     targets += more
-    header = (f"rpcnb benchmarks ({'quick' if args.quick else 'full'}) on {info['cpu_model']} x "
+    header = (f"rpcnb benchmarks ({mode}) on {info['cpu_model']} x "
               f"{info['cpus_usable']} cpus, python {info['python']}, torch {info['torch']}, "
               f"ipyparallel {info['ipyparallel']}, {info['date']}, load {info['loadavg_start'][0]:.2f}"
               f" -> {info['loadavg_end'][0]:.2f}" + (f", %rpc_init {args.rpc_args}" if args.rpc_args else ""))
@@ -432,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nshared-memory files left in /dev/shm: {leftover_shm}")
 
     doc = {
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "rpc_args": args.rpc_args,
         "machine": info,
         "config": cfg,

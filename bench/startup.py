@@ -190,7 +190,8 @@ def table(measured: dict[str, Any]) -> str:
 def measure(ctx: Any) -> dict[str, Any]:
     """``bench.run``'s entry: measure with its repeats; the samples and verdicts."""
     reps = max(1, int(ctx.cfg.get("startup_reps", 3)))
-    measured = measure_runs(reps, 5 if reps > 1 else 2, log=ctx.log)
+    warm = ctx.cfg.get(SECTION, {}).get("warm", 5 if reps > 1 else 2)  # bench.run's SMOKE
+    measured = measure_runs(reps, warm, log=ctx.log)
     ctx.log("\n" + table(measured))
     return {**measured, "verdicts": verdicts(measured)}
 
