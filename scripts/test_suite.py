@@ -77,7 +77,8 @@ def read_times(junit: Path) -> dict[str, float]:
     times = {}
     for case in ET.parse(junit).iter("testcase"):
         path = case.get("classname", "").replace(".", "/")
-        times[f"{path}.py::{case.get('name')}"] = float(case.get("time") or 0)
+        name = case.get("name", "").rsplit("@", 1)[0]  # xdist's "@group" suffix
+        times[f"{path}.py::{name}"] = float(case.get("time") or 0)
     return times
 
 

@@ -584,6 +584,22 @@ def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under ``--dist loadgroup``, pytest-xdist names each test's group in its node id
+    (``...@net``); where it cannot (pytest 9.2 with xdist 3.8: pytest-dev/pytest-xdist#1386)
+    every group would be ignored, and the shared kernels started once per test: stop."""
+    if node.config.getoption("dist", None) != "loadgroup":
+        return
+    lost = [i for i in ids if i.startswith(("tests/net/", "tests/browser/test_lab")) and
+            "@" not in i]
+    if lost:
+        pytest.exit(f"pytest-xdist ignored the xdist_group of {lost[0]} and others: this "
+                    "pytest's node ids do not take group names (pytest-dev/pytest-xdist#1386); "
+                    "install the pytest of pyproject.toml's test extra (pip install -e "
+                    "'.[test]')", returncode=4)
+
+
 # tests/unit starts no process: an audit hook (they cannot be removed, so one for the run)
 # notes each process started while a unit test runs, and the test fails on it.
 PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
