@@ -11,13 +11,14 @@ warm-up (caches, pools, imports)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
 from pathlib import Path
 
 import pytest
-from conftest import Kernel, worker_pids
+from conftest import Kernel, wait_until, worker_pids
 
 from rpcnb.paths import shm
 
@@ -71,6 +72,17 @@ def group_footprint(k: Kernel) -> dict[str, dict[str, int]]:
     return found
 
 
+IDLE = ("from rpcnb.paths import shm as _shm\n"
+        "_stats = _shm.stats()\n_stats['buffers'] - _stats['in_flight']")
+
+
+def idle_buffers(k: Kernel) -> int:
+    """Shared-memory pool buffers that no message holds, on every member together."""
+    here = k.value("shm.stats()['buffers'] - shm.stats()['in_flight']")
+    there = k.execute(f"%%remote --all --fetch\n{IDLE}").text
+    return here + sum(ast.literal_eval(there).values())
+
+
 def growth(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]], units: int
            ) -> dict[str, dict[str, float]]:
     return {name: {key: (b[name][key] - a[name][key]) / units for key in ("rss", "fds", "threads")}
@@ -117,7 +129,8 @@ def phase(k: Kernel, figures: dict, name: str, run: str, total: int) -> None:
     k.execute(run.format(n=quarter), timeout=3600)
     mid = group_footprint(k)
     k.execute(run.format(n=total - quarter), timeout=3600)
-    time.sleep(2.5)  # idle: pools are given back after 1 s here
+    # idle: every member gives back the pool buffers nothing holds (after 1 s here)
+    assert wait_until(lambda: idle_buffers(k) == 0, timeout=30), idle_buffers(k)
     end = group_footprint(k)
     per_unit = growth(mid, end, total - quarter)
     figures[name] = {"units": total, "seconds": round(time.monotonic() - t0, 1),
@@ -194,7 +207,9 @@ def test_init_shutdown_cycles(soaked):
     cycles(quarter)
     kernel_only["middle"] = {"worker0": footprint(k.pid)}
     cycles(COUNTS["cycles"] - quarter)
-    time.sleep(1)
+    # the last group's threads have started and the earlier ones' have ended: as many as
+    # after the first cycles (a leak never gets there, and the check below says by how much)
+    wait_until(lambda: footprint(k.pid)["threads"] <= kernel_only["middle"]["worker0"]["threads"])
     kernel_only["end"] = {"worker0": footprint(k.pid)}
     per_unit = growth(kernel_only["middle"], kernel_only["end"], COUNTS["cycles"] - quarter)
     figures["cycles"] = {"units": COUNTS["cycles"], "seconds": round(time.monotonic() - t0, 1),
