@@ -28,6 +28,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "test-results"
 
@@ -53,6 +55,7 @@ class Phase:
     junit: Path
     status: int | None = None
     seconds: float = 0.0
+    busy: float = 0.0  # the machine's CPUs, busy over the phase: 0..1 (all of them)
     times: dict[str, float] = field(default_factory=dict)  # test id -> seconds
 
     def run(self, pytest_args: list[str]) -> None:
@@ -60,9 +63,13 @@ class Phase:
                *pytest_args]
         print(f"\n== {self.name}: {' '.join(cmd[1:])}", flush=True)
         self.junit.unlink(missing_ok=True)
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), psutil.cpu_times()
         self.status = subprocess.call(cmd, cwd=ROOT)
         self.seconds = time.monotonic() - t0
+        cpu1 = psutil.cpu_times()
+        total = sum(cpu1) - sum(cpu0)
+        idle = (cpu1.idle + cpu1.iowait) - (cpu0.idle + cpu0.iowait)
+        self.busy = 1 - idle / total if total > 0 else 0.0
         self.times = read_times(self.junit)
 
     @property
@@ -85,7 +92,7 @@ def read_times(junit: Path) -> dict[str, float]:
 def report(phases: list[Phase], wall: float) -> str:
     times = {test: s for phase in phases for test, s in phase.times.items()}
     lines = [f"{phase.name}: {phase.seconds:.0f} s, exit status {phase.status} "
-             f"({len(phase.times)} tests)" for phase in phases]
+             f"({len(phase.times)} tests; CPUs {phase.busy:.0%} busy)" for phase in phases]
     lines.append(f"wall time: {wall:.0f} s ({wall / 60:.1f} min)")
     lines.append(f"slowest {SLOWEST} tests (setup + call + teardown):")
     for test, s in sorted(times.items(), key=lambda kv: -kv[1])[:SLOWEST]:
