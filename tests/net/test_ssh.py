@@ -166,6 +166,9 @@ def test_ssh_launcher_engines_are_a_group(sshd, netns, kernel, tmp_path):
         f"SSHEngineSetLauncher.remote_python={sys.executable}",
         # the other host's own profile directory (this one would be copied onto itself)
         f"SSHEngineSetLauncher.remote_profile_dir={tmp_path / 'remote-profile'}",
+        # ipyparallel's own 60 s for the engines to register: on two cores that make test
+        # keeps busy, an engine started over ssh has taken longer (how fast is not the test)
+        "engine_timeout=180",
     ])
     kernel.execute("%load_ext rpcnb")
     out = kernel.execute(f"%rpc_init --engines 2 --launcher ssh --port 0 --host {addr_a} "
