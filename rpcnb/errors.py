@@ -187,6 +187,10 @@ ENGINES_ELSEWHERE = (
 )
 ENGINE_FAILED = "Engine {engine} could not join the group as {name}: {reason}"
 ENGINE_TIMEOUT = "Engine {engine} did not join the group as {name} within {timeout:g} s."
+ENGINE_SILENT = (
+    "Engine {engine} did not answer within {timeout:g} s: it is registered but runs no task "
+    "(busy, or stuck in an earlier one); see its log, or restart the cluster."
+)
 ENGINES_AND_WORKERS = (
     "--engines and --workers do not go together: the engines are the workers "
     "(worker1..workerN)."

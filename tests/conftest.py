@@ -384,6 +384,33 @@ def listening_addresses(pid: int) -> list[str]:
     return found
 
 
+@pytest.fixture(scope="module")
+def rpcnb_pickler() -> Any:
+    """rpcnb's pickler in torch for a module's tests (``serialize.install``), and torch's own
+    again after them (``serialize.uninstall``), unless it was installed before: by a group
+    this process is in, say."""
+    from rpcnb.paths import serialize
+    from rpcnb.session import state
+
+    before = serialize.is_installed()
+    serialize.install()
+    yield
+    if not before and not state.is_initialized():
+        serialize.uninstall()
+
+
+@pytest.fixture
+def tangled(tmp_path: Path) -> Path:
+    """A copy of the package where a low layer imports the API inside a function (for the
+    checks of the layers: tests/unit/test_layers.py, tests/build/test_import_contract.py)."""
+    package = Path(__file__).resolve().parents[1] / "rpcnb"
+    shutil.copytree(package, tmp_path / "rpcnb", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(package.parent / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "rpcnb" / "session" / "state.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from rpcnb import api\n\n    return api\n")
+    return tmp_path
+
+
 @pytest.fixture
 def test_address():
     """A veth interface of our own with a private test address (needs root, iproute2)."""

@@ -234,7 +234,9 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
     try:
         if not ids:
             raise RpcnbError(errors.NO_ENGINES)
-        where = _ask(client, ids, _where, timeout=30)
+        # the start's whole time limit: an engine that has just registered may take long
+        # to run its first task on a busy machine
+        where = _ask(client, ids, _where, timeout=timeout)
         here = _where()
         elsewhere = {eid: w["host"] for eid, w in where.items()
                      if w["boot_id"] != here["boot_id"] or w["netns"] != here["netns"]}
@@ -282,20 +284,22 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
 
 def _ask(client: Any, ids: list[int], func: Any, timeout: float) -> dict[int, Any]:
     pending = {eid: client[eid].apply_async(func) for eid in ids}
-    _wait(pending, {eid: f"engine {eid}" for eid in ids}, timeout)
+    _wait(pending, {eid: f"engine {eid}" for eid in ids}, timeout, late=errors.ENGINE_SILENT)
     return {eid: ar.get() for eid, ar in pending.items()}
 
 
-def _wait(pending: dict[int, Any], names: dict[int, str], timeout: float) -> None:
-    """Until every engine answered; RpcnbError naming the first engine that failed."""
+def _wait(pending: dict[int, Any], names: dict[int, str], timeout: float,
+          late: str = errors.ENGINE_TIMEOUT) -> None:
+    """Until every engine answered; RpcnbError naming the first engine that failed
+    (``late``: the message for one that did not answer in time)."""
     deadline = time.monotonic() + timeout
     for eid, ar in pending.items():
         try:
             ar.get(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as exc:
             if type(exc).__name__ == "TimeoutError":
-                raise RpcnbError(errors.ENGINE_TIMEOUT.format(engine=eid, name=names[eid],
-                                                              timeout=timeout)) from None
+                raise RpcnbError(late.format(engine=eid, name=names[eid],
+                                             timeout=timeout)) from None
             raise RpcnbError(errors.ENGINE_FAILED.format(engine=eid, name=names[eid],
                                                          reason=_first(exc))) from None
 

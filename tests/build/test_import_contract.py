@@ -5,12 +5,9 @@ the package's shape is checked without a process in tests/unit/test_layers.py.""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rpcnb"
@@ -21,16 +18,6 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(root))
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture
-def tangled(tmp_path: Path) -> Path:
-    """A copy of the package where a low layer imports the API inside a function."""
-    shutil.copytree(PACKAGE, tmp_path / "rpcnb", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "rpcnb" / "session" / "state.py", "a") as f:
-        f.write("\n\ndef _upward():\n    from rpcnb import api\n\n    return api\n")
-    return tmp_path
 
 
 def test_layers_contract_is_kept():

@@ -16,7 +16,6 @@ import torch
 from conftest import run_watched
 
 from rpcnb.paths import serialize
-from rpcnb.session import state
 from rpcnb.wire import _torch, notebook
 
 UDF = _torch.python_udf()
@@ -39,15 +38,8 @@ RECEIVER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def installed():
-    """rpcnb's pickler in torch for this module's tests, and torch's own again after them
-    (left installed where it was before: by a group this process is in, say)."""
-    before = serialize.is_installed()
-    serialize.install()
-    yield
-    if not before and not state.is_initialized():
-        serialize.uninstall()
+# rpcnb's pickler in torch for this module's tests, torch's own again after them
+pytestmark = pytest.mark.usefixtures("rpcnb_pickler")
 
 
 @pytest.fixture(autouse=True)

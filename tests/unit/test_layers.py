@@ -6,7 +6,6 @@ module over ~600 lines, and torch's private names in rpcnb/wire/_torch.py only."
 from __future__ import annotations
 
 import ast
-import shutil
 import sys
 from pathlib import Path
 
@@ -54,16 +53,6 @@ def cycles(package: str) -> list[list[str]]:
 
 def test_no_import_cycle():
     assert cycles("rpcnb") == []
-
-
-@pytest.fixture
-def tangled(tmp_path: Path) -> Path:
-    """A copy of the package where a low layer imports the API inside a function."""
-    shutil.copytree(PACKAGE, tmp_path / "rpcnb", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "rpcnb" / "session" / "state.py", "a") as f:
-        f.write("\n\ndef _upward():\n    from rpcnb import api\n\n    return api\n")
-    return tmp_path
 
 
 def test_the_cycle_check_catches_an_upward_import_inside_a_function(tangled: Path,

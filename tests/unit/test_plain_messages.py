@@ -21,15 +21,8 @@ from rpcnb.wire import _torch
 UDF = _torch.python_udf()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def installed():
-    """rpcnb's pickler in torch for this module's tests, and torch's own again after them
-    (left installed where it was before: by a group this process is in, say)."""
-    before = serialize.is_installed()
-    serialize.install()
-    yield
-    if not before and not state.is_initialized():
-        serialize.uninstall()
+# rpcnb's pickler in torch for this module's tests, torch's own again after them
+pytestmark = pytest.mark.usefixtures("rpcnb_pickler")
 
 
 
