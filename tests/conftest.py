@@ -4,6 +4,7 @@ also when the test fails."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -43,6 +44,10 @@ class Output:
     started: float = 0.0
     finished: float = 0.0
     msg_id: str = ""
+    prompts: list[tuple[str, bool]] = field(default_factory=list)  # input requests: (prompt, password)
+    # (kind, text, the kernel's time of sending) of streams and input requests: their order
+    # as the kernel sent them (the two come on different channels)
+    sent: list[tuple[str, str, Any]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -67,11 +72,23 @@ class Kernel:
     def __init__(self, kernel_name: str = "python3", env: dict[str, str] | None = None) -> None:
         env = dict(os.environ, **(env or {}))
         env.pop("TORCH_CPP_LOG_LEVEL", None)  # rpcnb must set it itself
-        self.km = KernelManager(kernel_name=kernel_name)
-        self.km.start_kernel(env=env, cwd=str(Path(__file__).parent))
-        self.kc = self.km.blocking_client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        for tries_left in (2, 1, 0):
+            self.km = KernelManager(kernel_name=kernel_name)
+            self.km.start_kernel(env=env, cwd=str(Path(__file__).parent))
+            self.kc = self.km.blocking_client()
+            self.kc.start_channels()
+            try:
+                self.kc.wait_for_ready(timeout=60)
+                break
+            except RuntimeError as exc:
+                # jupyter_client picks the kernel's five ports free, then the kernel binds
+                # them: with tests starting kernels in parallel, another process can take
+                # one in between (the kernel dies: "Address already in use"). New ports.
+                if "died" not in str(exc) or not tries_left:
+                    raise
+                self.kc.stop_channels()
+                with contextlib.suppress(Exception):
+                    self.km.shutdown_kernel(now=True)
         self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
         self.known: set[int] = {self.pid}
         self.stray: list[dict[str, Any]] = []  # iopub messages of earlier cells, kept
@@ -92,9 +109,15 @@ class Kernel:
                 pass
 
     def execute(self, code: str, timeout: float = 120, allow_error: bool = False,
-                interrupt_after: float | None = None) -> Output:
+                interrupt_after: float | None = None, answers: Any = None,
+                allow_stdin: bool = True) -> Output:
+        """Run ``code`` as a notebook cell. An input request (``input()``, pdb) is answered
+        as a person would: with the next of ``answers`` (a list), or ``answers(prompt)``
+        (a callable; None: interrupt the kernel instead); with none, the kernel is
+        interrupted (``allow_stdin=False``: a front end without stdin, as nbclient's)."""
         out = Output(started=time.monotonic())
-        msg_id = out.msg_id = self.kc.execute(code)
+        msg_id = out.msg_id = self.kc.execute(code, allow_stdin=allow_stdin)
+        queue_ = list(answers) if isinstance(answers, (list, tuple)) else None
         deadline = time.monotonic() + timeout
         interrupted = False
         scanned = 0.0
@@ -109,8 +132,21 @@ class Kernel:
                 out.events.append((time.monotonic(), "interrupt", None))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cell did not finish in {timeout} s: {code[:80]!r}\n{out}")
+            if allow_stdin and self.kc.stdin_channel.msg_ready():
+                req = self.kc.get_stdin_msg(timeout=1)
+                prompt = req["content"]["prompt"]
+                out.prompts.append((prompt, bool(req["content"].get("password"))))
+                out.events.append((time.monotonic(), "input_request", prompt))
+                out.sent.append(("input_request", prompt, req["header"]["date"]))
+                reply = (queue_.pop(0) if queue_ else None) if queue_ is not None else \
+                    (answers(prompt) if answers is not None else None)
+                if reply is None:
+                    self.km.interrupt_kernel()
+                    out.events.append((time.monotonic(), "interrupt", None))
+                else:
+                    self.kc.input(reply)
             try:
-                msg = self.kc.get_iopub_msg(timeout=0.1)
+                msg = self.kc.get_iopub_msg(timeout=0.05 if allow_stdin else 0.1)
             except Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -123,6 +159,7 @@ class Kernel:
                 out.messages += 1
             if kind == "stream":
                 setattr(out, content["name"], getattr(out, content["name"]) + content["text"])
+                out.sent.append((content["name"], content["text"], msg["header"]["date"]))
                 out.events.append((now, content["name"], content["text"]))
             elif kind == "execute_result":
                 out.results.append(content["data"])

@@ -271,8 +271,17 @@ def test_an_outsider_reaches_nothing_of_an_isolated_group(rpcnb_kernel, marker):
     connect = {p: r for p, r in report["connect"].items() if int(p) not in now_taken}
     rpc = {p: r for p, r in report["rpc"].items() if int(p) not in now_taken}
     assert str(target) in connect and str(target) in rpc, (target, report)
-    assert not {p: r for p, r in connect.items() if not r.startswith("ConnectionRefusedError")}
-    assert not {p: r for p, r in rpc.items() if "ECONNREFUSED" not in r}
+    reached = {p: r for p, r in connect.items() if not r.startswith("ConnectionRefusedError")}
+    reached.update({p: r for p, r in rpc.items() if "ECONNREFUSED" not in r})
+    if reached:
+        # a port the attack reached: one of this group's would answer again (its listeners
+        # stay); a listener another test's process held for a moment, or a TCP
+        # self-connect, does not
+        again = attack(sorted(int(p) for p in reached), [], marker)
+        reached = {p: r for p, r in reached.items()
+                   if not again["connect"].get(p, "").startswith("ConnectionRefusedError")
+                   or "ECONNREFUSED" not in again["rpc"].get(p, "ECONNREFUSED")}
+    assert not reached, report
     assert all(r.startswith("PermissionError") for r in report["ipc"].values()), report["ipc"]
     assert not marker.exists(), "the outsider ran code in the group"
     assert all(pid_alive(p) for p in pids.values())
