@@ -119,12 +119,13 @@ def load_ipython_extension(ip: Any) -> None:
 
     Also makes torch's RPC ship functions and classes defined in the notebook by value
     (once torch is imported), and sets ``TORCH_CPP_LOG_LEVEL=ERROR`` and
-    ``TP_SOCKET_IFNAME=lo`` unless they are set. Raises nothing of its own.
+    ``TP_SOCKET_IFNAME=lo`` unless they are set; Tab and Shift-Tab in a ``%%remote`` cell
+    complete and inspect from its worker's namespace. Raises nothing of its own.
 
     Args:
         ip: the IPython shell loading the extension (``InteractiveShell``).
     """
-    from rpcnb.frontend import panel, rrefs
+    from rpcnb.frontend import completion, debugging, panel, rrefs
     from rpcnb.frontend.magics import RpcMagics
     from rpcnb.paths import serialize
     from rpcnb.procs import launch
@@ -133,4 +134,15 @@ def load_ipython_extension(ip: Any) -> None:
     serialize.watch()
     ip.register_magics(RpcMagics)
     rrefs.register(ip)
+    debugging.install(ip)  # %debug and %pdb on the worker a remote cell failed on
     panel.register(ip)
+    completion.install(ip)  # Tab and Shift-Tab in a %%remote cell ask its worker
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    """``%unload_ext rpcnb`` (and ``%reload_ext``): the kernel's own Tab and Shift-Tab
+    again in ``%%remote`` cells, and IPython's own ``%debug``. A group keeps running."""
+    from rpcnb.frontend import completion, debugging
+
+    completion.uninstall(ip)
+    debugging.uninstall(ip)

@@ -27,6 +27,7 @@ from rpcnb.cells.call import interrupt, run
 from rpcnb.errors import RpcnbError
 from rpcnb.membership import leave
 from rpcnb.membership.view import group
+from rpcnb.observe.names import who
 from rpcnb.paths import ucx as ucx_path
 from rpcnb.procs import launch
 from rpcnb.session import fence, rendezvous, roster, state
@@ -35,7 +36,7 @@ from rpcnb.session.teardown import Teardown
 from rpcnb.wire import _torch, options
 
 __all__ = ["ALL", "Group", "add_workers", "group", "init", "interrupt", "is_initialized",
-           "jobs", "join", "restart", "run", "run_bg", "shutdown"]
+           "jobs", "join", "restart", "run", "run_bg", "shutdown", "who"]
 
 
 P = ParamSpec("P")

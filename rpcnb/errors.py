@@ -58,6 +58,49 @@ CALL_TIMEOUT_RUNNING = (
     "check for interrupts, such as one long C call). Cells sent to it wait behind it. "
     "Wait for it, or %rpc_restart {first} to replace the worker (its namespace is lost)."
 )
+INPUT_NOBODY = "Input was asked for on {worker}, but nobody can answer: {why}"
+INPUT_NO_CELL = (
+    "this code runs outside any cell or call of the notebook (a thread an earlier cell "
+    "left running); read the value in the cell and send it with %%remote --push"
+)
+INPUT_BACKGROUND = (
+    "the cell runs in the background (%%remote --bg), which cannot ask the notebook; run "
+    "it in the foreground, or set the value first (%%remote --push NAME)"
+)
+INPUT_NO_STDIN = (
+    "this notebook's front end takes no input (a headless run such as nbconvert or "
+    "nbclient without stdin); set the value in code or with %%remote --push NAME"
+)
+INPUT_NOT_HERE = (
+    "the code was started by {caller}, which has no notebook to ask; call it from a "
+    "notebook cell (rpc_sync or %%remote) to answer there"
+)
+INPUT_INTERRUPTED = "the notebook's cell was interrupted while it asked"
+INPUT_GIVEN_UP = "the notebook no longer waits for this cell (it was interrupted or timed out)"
+DEBUG_OTHERS = (
+    "rpcnb: debugging {worker}; {others} failed too (%debug {first} debugs that one)."
+)
+NOTHING_TO_DEBUG = (
+    "{worker} kept no failed {what} to debug: %debug opens pdb on a worker's last failure "
+    "after a remote cell (or a function called there with rpc_sync) raised."
+)
+PDB_QUIT = "the debugger was quit (q) on {worker}; the cell stopped there, its namespace is kept"
+NEVER_RAN = (
+    "rpcnb: the cell never ran on {workers}: it was interrupted while it waited behind an "
+    "earlier cell there, and dropped from the queue."
+)
+STILL_RUNS = (
+    "The cell on {workers} went on after the interrupt (the code caught KeyboardInterrupt, "
+    "or is in a C call that does not check for it): it is still running there, and cells "
+    "sent to {them} wait behind it. Interrupt again, wait, or %rpc_restart {first} to end "
+    "it (that worker's namespace is lost)."
+)
+BUSY_WITH = "{cell} (sent by {caller}, running for {seconds:.0f} s)"
+WAITS_BEHIND = (
+    "rpcnb: {worker} is still busy with {what}: this cell waits behind it. Interrupt the "
+    "kernel to drop this cell from the queue, or %rpc_restart {worker} to end what runs "
+    "(its namespace is lost); %rpc_stacks {worker} shows where it is."
+)
 QUEUED_BEHIND = (
     "rpcnb: this cell waits until the background cells running on {workers} end "
     "(%rpc_jobs lists them; .cancel() on a handle stops one)."
@@ -385,3 +428,29 @@ NOT_FENCED = (
     "this member's TensorPipe listeners are not IPv4 ones, so they are not fenced: bytes "
     "from a stranger that reaches them can end this process. Use an IPv4 address for --host "
     "(docs/security.md, 'Strangers' bytes').")
+
+# %rpc_stacks (rpcnb.observe.stacks): a member that shows no stack, and why
+STACKS_DEAD = "{name}: dead ({how}); it has no stack to show."
+STACKS_UNREACHABLE = "{name}: unreachable since {since} (its host answers nothing): not asked."
+STACKS_SILENT = (
+    "{name}: did not answer within {seconds}: a C call there may hold the GIL, or its host is "
+    "overloaded. %rpc_stacks {name} --timeout 10 waits longer; %rpc_restart {name} replaces it "
+    "(its namespace is lost)."
+)
+STACKS_IDLE = "runs no cell now."
+STACKS_BAD_TIMEOUT = "--timeout must be a positive number of seconds, not {timeout}."
+
+# %rpc_who (rpcnb.observe.names): a member whose variables are not shown, and why
+WHO_NONE = "no variables (IPython's own names, modules and names that start with _ are left out)."
+WHO_DEAD = "{name}: dead ({how}); its namespace is lost."
+WHO_UNREACHABLE = "{name}: unreachable (its host answers nothing): not asked."
+WHO_SILENT = (
+    "{name}: did not answer within {seconds}: a C call there may hold the GIL, or its host is "
+    "overloaded. %rpc_stacks {name} shows where it is."
+)
+# Shift-Tab in a %%remote cell (rpcnb.frontend.completion): the worker did not answer
+INSPECT_SILENT = (
+    "rpcnb: {name} did not answer within {seconds:g} s (a cell there may hold the GIL), so "
+    "there is nothing to show of its {what!r}; the notebook's own {what!r} would be another "
+    "object. Try again when {name} is idle (%rpc_stacks {name} shows where it is)."
+)

@@ -1,5 +1,5 @@
-"""Plain text for people: the tables %rpc_workers, %rpc_probe and %rpc_channels --text
-print, and byte sizes as every display of rpcnb writes them."""
+"""Plain text for people: the tables %rpc_workers, %rpc_probe, %rpc_who and %rpc_channels
+--text print, and byte sizes and shapes as every display of rpcnb writes them."""
 
 from __future__ import annotations
 
@@ -34,3 +34,8 @@ def size(nbytes: float, unit: str | None = None, decimals: int | None = 1) -> st
     if decimals is None:
         decimals = 0 if value == int(value) else 1
     return f"{value:,.{decimals}f} {unit}"
+
+
+def shape(dims: Sequence[int]) -> str:
+    """A tensor's or array's shape as Python writes the tuple: ``"(2, 3)"``, ``"(4,)"``, ``"()"``."""
+    return f"({', '.join(map(str, dims))}{',' if len(dims) == 1 else ''})"

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from rpcnb import errors, machine
-from rpcnb.cells import comms, output
+from rpcnb.cells import comms, console, output
 from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
 from rpcnb.membership import failures, handlers, leave, start
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None, secret: str | None = None) -> None:
     s = start.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
                            leader=args.leader, runner=runner, secret=secret)
     output.set_background(output.Capture(None, args.leader, args.name, s.token))
+    console.install_worker()  # after the secret was read from stdin
     if start.register(s, timeout=30) is None:
         print(f"rpcnb: {args.leader} did not admit {args.name}; leaving.", file=sys.stderr)
         os._exit(4)
@@ -230,6 +231,7 @@ def headless(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(2)
     output.set_background(output.Capture(None, s.leader, name, s.token))
+    console.install_worker()
     print(f"rpcnb.worker: {name} (rank {s.rank}, pid {os.getpid()}) joined the group of "
           f"{s.leader}", file=sys.__stderr__, flush=True)
     threading.Thread(target=_watch_leader, args=(s, runner), name="rpcnb-watch",

@@ -52,6 +52,13 @@ export async function runAction(
   const reply = await link.act(action, args);
   note.textContent = reply.message ?? '';
   note.classList.toggle('rpcnb-panel-error', !reply.ok);
+  if (reply.text) {
+    // "stacks": the member's threads, as %rpc_stacks prints them
+    const block = document.createElement('pre');
+    block.className = 'rpcnb-panel-text';
+    block.textContent = reply.text;
+    note.append(block);
+  }
   if (reply.ok && reply.copy !== undefined && !(await copyText(reply.copy))) {
     note.textContent = `copy this line by hand: ${reply.copy}`;
   }

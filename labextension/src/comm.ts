@@ -13,6 +13,7 @@ import {
   describe,
   HELLO_ID,
   ISnapshot,
+  IVariable,
   PROTOCOL,
   TARGET
 } from './model';
@@ -31,6 +32,10 @@ export interface IReply {
   insert?: string;
   /** "join": the line to put on the clipboard. */
   copy?: string;
+  /** "stacks", "who": a block of text to show as it is (monospace), under the message. */
+  text?: string;
+  /** "who": the member's variables, the rows of that text. */
+  variables?: IVariable[];
 }
 
 /** What the kernel sends over the comm. */

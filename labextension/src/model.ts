@@ -23,7 +23,48 @@ export interface IMember {
   me: boolean;
   /** it runs a remote cell of this kernel's now (the interrupt button) */
   running?: boolean;
+  /** the cell it runs now, whoever sent it, and where it is (null: idle) */
+  busy?: IBusy | null;
   memory?: { rss?: number; shm?: number; gpu?: IGpuMemory[] };
+}
+
+/** What a busy member runs (rpcnb/membership/view.py's ``running_now``). */
+export interface IBusy {
+  /** the cell's name, "<worker1 cell 3>" */
+  cell: string;
+  /** its first line */
+  first: string;
+  caller: string;
+  /** when it started, in seconds since the epoch */
+  since: number;
+  /** where it is now: the file of the innermost frame in a cell's code ("" if none) */
+  file: string;
+  line: number;
+  text: string;
+}
+
+/** "14:02:11": a time of day, as the kernel's %rpc_workers writes it. */
+export function clock(seconds: number): string {
+  const d = new Date(seconds * 1000);
+  return [d.getHours(), d.getMinutes(), d.getSeconds()]
+    .map(n => String(n).padStart(2, '0'))
+    .join(':');
+}
+
+/** A busy member's line: "runs <worker1 cell 3> (import time) since 14:02:11, at line 4:
+ * time.sleep(30)"; "" when it runs no cell. */
+export function busyText(m: IMember): string {
+  const b = m.busy;
+  if (!b || !m.alive) {
+    return '';
+  }
+  const first = b.first.length > 40 ? `${b.first.slice(0, 37)}...` : b.first;
+  let text = `runs ${b.cell} (${first}) since ${clock(b.since)}`;
+  if (b.file) {
+    const of = b.file === b.cell ? '' : ` of ${b.file}`;
+    text += `, at line ${b.line}${of}: ${b.text}`;
+  }
+  return text;
 }
 
 /** One CUDA device's memory as a member uses it (rpcnb.machine.gpu_memory). */
@@ -233,17 +274,25 @@ export const MEMBER_DETAILS = ['kind', 'rank', 'pid', 'host', 'devices'];
 
 /** One of a member's buttons in the panel. */
 export interface IMemberAction {
-  action: 'restart' | 'interrupt';
+  action: 'restart' | 'interrupt' | 'stacks' | 'who';
   label: string;
   title: string;
   enabled: boolean;
 }
 
-/** The buttons of a member's row: restart and interrupt, for the workers this kernel's
- * group started (not this kernel, joined kernels or engines). */
+/** The buttons of a member's row: interrupt and restart, for the workers this kernel's
+ * group started (not this kernel, joined kernels or engines); stacks, for every member. */
 export function memberActions(m: IMember): IMemberAction[] {
+  const stacks: IMemberAction = {
+    action: 'stacks',
+    label: 'stacks',
+    title: m.alive
+      ? `Show where ${m.name} is now: every thread's Python stack, the running cell's first`
+      : `${m.name} is dead: it has no stack to show`,
+    enabled: m.alive
+  };
   if (m.me || m.kind !== 'process') {
-    return [];
+    return [stacks];
   }
   return [
     {
@@ -259,8 +308,33 @@ export function memberActions(m: IMember): IMemberAction[] {
       label: 'restart',
       title: `Start ${m.name} again as a new process (its namespace starts empty)`,
       enabled: true
-    }
+    },
+    stacks
   ];
+}
+
+/** The "variables" button of every member's row: its variables as %rpc_who lists them
+ * (the kernel answers with the table as text, shown under the panel's note). */
+export function variablesAction(m: IMember): IMemberAction {
+  return {
+    action: 'who',
+    label: 'variables',
+    title: m.alive
+      ? `List ${m.name}'s variables: type, and shape, dtype, device and size of tensors and arrays`
+      : `${m.name} is dead: its namespace is lost`,
+    enabled: m.alive
+  };
+}
+
+/** One variable of a member (rpcnb/observe/names.py's ``variables_here``). */
+export interface IVariable {
+  name: string;
+  type: string;
+  shape?: number[];
+  dtype?: string;
+  device?: string;
+  nbytes?: number;
+  len?: number;
 }
 
 /** What the note says while an action waits for the kernel; ``waits``: the actions

@@ -9,6 +9,7 @@ import { GROUP_ACTIONS, runAction } from './actions';
 import { ActionArgs, Link } from './comm';
 import {
   age,
+  busyText,
   cellText,
   describe,
   ISnapshot,
@@ -19,7 +20,8 @@ import {
   memberCells,
   rrefWhat,
   sparkline,
-  statusOf
+  statusOf,
+  variablesAction
 } from './model';
 
 export const PANEL_ID = 'rpcnb-panel';
@@ -153,7 +155,12 @@ export class RpcPanel extends Widget {
         details.append(label, span);
       });
       name.append(details);
-      const buttons = memberActions(m);
+      const busy = busyText(m);
+      if (busy) {
+        // what it runs, since when, and where it is now
+        name.append(el('div', 'rpcnb-member-busy', busy));
+      }
+      const buttons = [...memberActions(m), variablesAction(m)];
       if (buttons.length) {
         const box = el('div', 'rpcnb-member-actions');
         for (const b of buttons) {

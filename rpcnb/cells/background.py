@@ -18,9 +18,10 @@ from typing import Any
 
 from rpcnb import errors, progress, text
 from rpcnb.cells import call
-from rpcnb.session import state
+from rpcnb.session import protocol, state
 
 PROGRESS_INTERVAL = 0.5  # seconds between updates of wait_interactive's display
+ASK_S = 1.0  # how long %rpc_jobs waits for a worker to say where its cell is
 
 
 class BackgroundCell:
@@ -209,6 +210,37 @@ def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = Fals
     return job
 
 
+def current_lines(found: list[BackgroundCell],
+                  timeout: float = ASK_S) -> dict[int, dict[str, str]]:
+    """Where each running cell of ``found`` is now, per worker (``line 4: time.sleep(1)``):
+    its workers are asked at once (the ``running`` request); a worker that runs another
+    cell (this one waits behind it) or does not answer in ``timeout`` is left out."""
+    s = state.active()
+    if s is None:
+        return {}
+    asked = []
+    for j in found:
+        sent = j._sent
+        if sent is None or j.ready():
+            continue
+        for c in list(sent.calls.values()):
+            if not c.done and c.worker not in s.dead and c.worker not in s.unreachable:
+                try:
+                    asked.append((j.id, c, protocol.call_async(s.token, c.worker, "running",
+                                                               timeout=timeout)))
+                except Exception:
+                    pass
+    now: dict[int, dict[str, str]] = {}
+    for job_id, c, fut in asked:
+        try:
+            busy = fut.wait()
+        except Exception:
+            continue
+        if busy and busy.get("call_id") == c.call_id:
+            now.setdefault(job_id, {})[c.worker] = state.where(busy) or "-"
+    return now
+
+
 def jobs(include_ended: bool = True) -> list[BackgroundCell]:
     """This process's background cells of the current group, oldest first.
 
@@ -231,18 +263,22 @@ def jobs(include_ended: bool = True) -> list[BackgroundCell]:
 
 
 class JobTable:
-    """What ``%rpc_jobs`` shows: a plain-text table of background cells."""
+    """What ``%rpc_jobs`` shows: a plain-text table of background cells, with the line
+    each running one is at now on each of its workers (asked when the table is made)."""
 
-    def __init__(self, found: list[BackgroundCell]) -> None:
+    def __init__(self, found: list[BackgroundCell], ask: bool = True) -> None:
         self.jobs = found
+        self.now = current_lines(found) if ask else {}
 
     def __str__(self) -> str:
         if not self.jobs:
             return "No background cells: %%remote WORKER --bg starts one."
-        rows = [("id", "workers", "status", "seconds", "cell")]
+        rows = [("id", "workers", "status", "seconds", "cell", "now")]
         for j in self.jobs:
+            now = self.now.get(j.id, {})
             rows.append((f"[{j.id}]", ",".join(j.workers), j.status, f"{j.elapsed:.1f}",
-                         j.line()))
+                         j.line(), "; ".join(where if len(now) == 1 else f"{w}: {where}"
+                                             for w, where in now.items())))
         return text.table(rows)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

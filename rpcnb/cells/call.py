@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpcnb import errors, machine, progress, telemetry
-from rpcnb.cells import profiles
+from rpcnb.cells import console, profiles
 from rpcnb.cells.output import large
 from rpcnb.cells.printer import Printer
+from rpcnb.cells.runner import NOT_STARTED
 from rpcnb.errors import RemoteError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.paths import calls, zerocopy
 from rpcnb.session import protocol, roster, state
@@ -52,6 +53,7 @@ class Call:
     ran: float = 0.0  # seconds the cell's code ran on the worker (its result's duration)
     warned: bool = False
     started: float = field(default_factory=time.monotonic)
+    position: Any = None  # the answer to "does it still wait in the queue?", while asked
 
 
 def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
@@ -109,6 +111,7 @@ def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
     if busy:
         print(errors.QUEUED_BEHIND.format(workers="; ".join(busy)), file=sys.stderr)
     sent = send(s, names, source, fetch, push, zero_copy, profile)
+    sent.told.update(w.split(" ")[0] for w in busy)  # said already
     try:
         if local:
             try:
@@ -217,6 +220,9 @@ class Sent:
     transfers: progress.Transfers = field(default_factory=progress.Transfers)
     interrupted: bool = False
     local: tuple[Any, BaseException | None] | None = None  # run here too: (value, error)
+    sent_at: float = field(default_factory=time.monotonic)
+    told: set[str] = field(default_factory=set)  # workers already said to be busy
+    looked: bool = False  # every worker was asked whether the cell waits in its queue
 
     def forget(self, s: Session) -> None:
         """Stop routing output to these calls, and keep their timings."""
@@ -409,9 +415,15 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
     interrupted_at: float | None = None
     reason: BaseException | None = None
 
+    # only a notebook's own cell can ask its user: not a background cell's thread
+    here = threading.current_thread() is threading.main_thread()
+
     def render(msg: tuple[str, str, int, list[Any]]) -> None:
         cid, wname, seq, items = msg
         if cid in ("__dead__", "__done__"):
+            return
+        if cid == "__ask__":  # a worker asks for input (rpcnb.cells.console)
+            console.take(items[0], here, interrupted_at is not None, printer.finish)
             return
         call = calls.get(cid)
         if call is None:
@@ -460,6 +472,8 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
                     drain()
                     break
                 now = time.monotonic()
+                if here and not sent.looked:  # a background cell's queue: its handle's
+                    sent.looked = console.look_at_queues(s, calls, sent.told, now - sent.sent_at)
                 if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
                     break
                 if cancel is not None and cancel.is_set() and interrupted_at is None:
@@ -490,7 +504,8 @@ def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
             for c in calls.values()):
         reason = Cancelled()  # cancel() interrupted it before this thread looked
     if isinstance(reason, KeyboardInterrupt):
-        raise KeyboardInterrupt
+        console.interrupted(sent.late, [c.worker for c in calls.values() if isinstance(
+            c.error, RemoteError) and c.error.evalue == NOT_STARTED])
     if isinstance(reason, Cancelled):
         raise Cancelled(sent.late)
     if isinstance(reason, TimeoutError):

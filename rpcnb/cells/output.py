@@ -121,6 +121,17 @@ class Capture:
                 self._futures.append((fut, nbytes))
                 self.large = self.large or large(items)
 
+    def settle(self, timeout: float = 10.0) -> None:
+        """Send what is written so far and wait until the caller has it (before a prompt:
+        ``rpcnb.cells.console``)."""
+        self.flush()
+        with self._lock:
+            futures = list(self._futures)
+        deadline = time.monotonic() + timeout
+        for fut, _ in futures:
+            while not fut.done() and time.monotonic() < deadline:
+                time.sleep(0.001)
+
     def close(self, timeout: float = 10.0) -> int:
         """Send what is left, wait until the caller has it (``timeout`` seconds, and the
         time the bytes still on their way take at the floor rate); returns the batch
@@ -212,6 +223,8 @@ class _Router:
         self.cell: _Cell | None = None  # in a worker process: the cell it runs
         self.background: Capture | None = None  # in a worker process: outside any cell
         self.installed = False
+        # called with a failed call's exception and function name (a worker keeps it)
+        self.on_call_failure: Any = None
 
     def widget_outputs(self) -> list[Any]:
         """The ``ipywidgets.Output`` widgets this thread is inside (``with out:``), innermost
@@ -236,6 +249,21 @@ class _Router:
         if cell is not None and threading.current_thread() not in cell.before:
             return cell.capture or self._open(cell.args, own=False)
         return self.background
+
+    def where(self) -> tuple[str | None, str, str, str] | None:
+        """(call_id, caller, worker, token) of the cell or call whose output this thread's
+        writes go to (None for a call another member made: it has no call id), or None
+        outside any (a thread an earlier cell left running, a process's own thread)."""
+        local = self.local
+        cap = local.capture
+        if cap is not None:
+            return (cap.call_id, cap.caller, cap.worker, cap.token)
+        if local.pending is not None:
+            return local.pending
+        cell = self.cell
+        if cell is not None and threading.current_thread() not in cell.before:
+            return cell.args
+        return None
 
     def opened(self) -> Capture:
         """The capture of the cell or call the calling thread runs, made now if nothing
@@ -457,7 +485,15 @@ def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:
         try:
             return func(*args, **kwargs)
         except Exception as exc:
-            raise sendable(exc, func, pending[2]) from None
+            if router.on_call_failure is not None:  # kept for %debug (rpcnb.cells.console)
+                router.on_call_failure(exc, getattr(func, "__qualname__", repr(func)))
+            # what torch's _run_function makes of it, without rpcnb's frames and without
+            # printing it here: the caller raises its type with this message
+            from torch.distributed.rpc import internal
+
+            report = sendable(exc, func, pending[2])
+            text = f"{exc!r}\n{user_traceback(exc)}" if report is exc else f"{report!r}\n"
+            return internal.RemoteException(f"On {rpc_me()}:\n{text}", type(report))
         finally:
             if local.capture is None:  # it wrote nothing (most calls)
                 local.pending = None
@@ -467,6 +503,23 @@ def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:
                     cap.close()
 
     return run
+
+
+def rpc_me() -> Any:
+    import torch.distributed.rpc as rpc
+
+    return rpc.get_worker_info()
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback from its first frame that is not rpcnb's or torch RPC's."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_globals.get("__name__") or "").startswith(
+            ("rpcnb.", "torch.distributed.")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 AWKWARD_EXCEPTION = (

@@ -9,6 +9,7 @@ in a kernel it runs on a thread of its own and an interrupt is an asynchronous e
 from __future__ import annotations
 
 import ast
+import bdb
 import collections
 import contextlib
 import ctypes
@@ -18,18 +19,21 @@ import os
 import queue
 import re
 import signal
+import sys
 import threading
 import time
 import traceback
 import types
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rpcnb import errors, progress
-from rpcnb.cells import comms, profiles
+from rpcnb.cells import comms, console, profiles
 from rpcnb.cells.output import router
 from rpcnb.paths import shm, ucx, zerocopy
 from rpcnb.session import protocol, state
+
+NOT_STARTED = "interrupted before it started"  # a queued cell's error: it never ran
 
 
 @dataclass
@@ -88,6 +92,33 @@ class Job:
     filename: str = ""
 
 
+# the name of a remote cell's code, on any member: "<worker1 cell 3>"
+CELL_FILE = re.compile(r"<\S+ cell \d+>\Z")
+
+
+@dataclass
+class Running:
+    """The cell a runner runs now (``CellRunner.running``), as %rpc_workers, %rpc_jobs,
+    %rpc_stacks and the panel show a busy member: which cell, since when, and where it
+    is now (the innermost frame of a cell's code: a function defined in an earlier cell
+    is named by its own cell)."""
+
+    cell: str  # "<worker1 cell 3>"
+    first: str  # the cell's first line
+    call_id: str
+    caller: str
+    since: float  # time.time() when it started
+    seconds: float  # how long it had run when asked
+    thread: int  # the ident of the thread that runs it
+    thread_name: str
+    file: str = ""  # where it is now ("": in no cell's code, e.g. rpcnb's before or after it)
+    line: int = 0
+    text: str = ""
+    # with stack=True: (file, line, function, text) from the cell's own frame in, outermost
+    # first (rpcnb's frames around it left out)
+    stack: list[tuple[str, int, str, str]] = field(default_factory=list)
+
+
 class CellRunner:
     """Runs remote cells one at a time in ``namespace``."""
 
@@ -101,9 +132,11 @@ class CellRunner:
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._current: Job | None = None
+        self._since = 0.0  # when the current cell began (time.monotonic)
         self._thread_id: int | None = None
         self._stopped = threading.Event()
         self._cancelled: set[str] = set()
+        self._queued: dict[str, Job] = {}  # call id -> a cell sent here that has not begun
         self._spare: collections.deque[Any] = collections.deque()  # a Future made while idle
 
     @property
@@ -113,6 +146,11 @@ class CellRunner:
         if self.kind_name:
             return self.kind_name
         return "process" if self.on_main else "kernel"
+
+    @property
+    def thread(self) -> int | None:
+        """The ident of the thread that runs the cells (None before it has started)."""
+        return self._thread_id
 
     # -- called from RPC threads
     def future(self) -> Any:
@@ -125,14 +163,34 @@ class CellRunner:
             return _new_future()
 
     def submit(self, job: Job) -> None:
+        with self._lock:
+            self._queued[job.call_id] = job
         self._queue.put(job)
+
+    def position(self, call_id: str) -> str | None:
+        """What runs here while the cell ``call_id`` waits in the queue (its name, who sent
+        it, for how long), or None when that cell runs, has ended or is unknown."""
+        with self._lock:
+            if call_id not in self._queued:
+                return None
+            job = self._current
+            since = self._since
+        if job is None:
+            return None  # about to begin
+        return errors.BUSY_WITH.format(cell=job.filename.strip("<>"), caller=job.caller,
+                                       seconds=time.monotonic() - since)
 
     def interrupt(self, call_id: str) -> bool:
         with self._lock:
             job = self._current
             if job is None or job.call_id != call_id or self._thread_id is None:
-                # Not running yet: drop it from the queue by marking it cancelled.
+                # Not running yet: drop it from the queue, and say so at once (the caller
+                # need not wait for the cell before it to end)
                 self._cancelled.add(call_id)
+                queued = self._queued.pop(call_id, None)
+                if queued is not None:
+                    queued.future.set_result(CellResult(
+                        self.name, False, ename="KeyboardInterrupt", evalue=NOT_STARTED))
                 return False
             if self.on_main:
                 signal.pthread_kill(self._thread_id, signal.SIGINT)
@@ -141,6 +199,28 @@ class CellRunner:
                     ctypes.c_ulong(self._thread_id), ctypes.py_object(KeyboardInterrupt)
                 )
             return True
+
+    def running(self, stack: bool = False) -> Running | None:
+        """The cell running now and where it is, or None when idle; ``stack``: with its
+        frames. Read from another thread (an RPC thread: also while the cell's thread is
+        in a C call, which holds no GIL)."""
+        with self._lock:
+            job, since, tid = self._current, self._since, self._thread_id
+        if job is None or tid is None:
+            return None
+        frame = sys._current_frames().get(tid)
+        frames = list(traceback.walk_stack(frame))[::-1] if frame is not None else []
+        first = next((ln.strip() for ln in job.source.splitlines() if ln.strip()), "")
+        took = time.monotonic() - since
+        found = Running(job.filename, first, job.call_id, job.caller, time.time() - took,
+                        took, tid, _thread_name(tid))
+        cell = [i for i, (f, _) in enumerate(frames) if CELL_FILE.match(f.f_code.co_filename)]
+        if stack:  # from the cell's own frame in; all of them where it is in none
+            found.stack = [_frame_line(f, lineno, job.filename)
+                           for f, lineno in (frames[cell[0]:] if cell else frames)]
+        if cell:
+            found.file, found.line, _, found.text = _frame_line(*frames[cell[-1]], job.filename)
+        return found
 
     def stop(self) -> None:
         self._stopped.set()
@@ -169,10 +249,14 @@ class CellRunner:
         return t
 
     def _run(self, job: Job) -> None:
-        if job.call_id in self._cancelled:
+        with self._lock:
+            self._queued.pop(job.call_id, None)
+            cancelled = job.call_id in self._cancelled
             self._cancelled.discard(job.call_id)
-            job.future.set_result(CellResult(self.name, False, ename="KeyboardInterrupt",
-                                             evalue="interrupted before it started"))
+        if cancelled:
+            if not job.future.done():
+                job.future.set_result(CellResult(self.name, False, ename="KeyboardInterrupt",
+                                                 evalue=NOT_STARTED))
             return
         self.cells_run += 1
         job.filename = f"<{self.name} cell {self.cells_run}>"
@@ -186,7 +270,7 @@ class CellRunner:
                     >= progress.large_transfer(state.current().one_host):
                 router.opened().mark({"stage": "received", "worker": self.name})
             with self._lock:
-                self._current = job
+                self._current, self._since = job, time.monotonic()
             try:
                 if job.profile:
                     result, found = profiles.profiled(lambda: self._execute(job))
@@ -197,12 +281,18 @@ class CellRunner:
                     self._current = None
             result.profile = found
         except BaseException as exc:  # KeyboardInterrupt included: the worker lives on
+            console.kept.keep("cell", exc, job.filename.strip("<>"))  # for %debug
             missing = comms.hint(exc, self.name)  # a widget library not installed here
             more = f"\n{missing}" if missing else ""
+            evalue = safe_str(exc) or (errors.PDB_QUIT.format(worker=self.name)
+                                       if isinstance(exc, bdb.BdbQuit) else "")
+            quit_pdb = isinstance(exc, bdb.BdbQuit)  # its frames are pdb's: none shown
             result = CellResult(self.name, False, ename=type(exc).__name__,
-                                evalue=safe_str(exc) + more,
-                                traceback=format_exception(exc, job.filename) + more)
+                                evalue=evalue + more,
+                                traceback="" if quit_pdb else
+                                format_exception(exc, job.filename) + more)
         finally:
+            console.untrace()
             cap = router.leave(process_wide=self.on_main)
         result.duration = time.perf_counter() - t0
         if cap is not None:
@@ -248,6 +338,19 @@ def _new_future() -> Any:
     import torch  # loaded by then: the member's RPC runs on it
 
     return torch.futures.Future()
+
+
+def _frame_line(frame: Any, lineno: int, cell: str) -> tuple[str, int, str, str]:
+    """(file, line, function, text) of a frame; a cell's own code is named ``cell``, also
+    when it runs the code kept from the cell's first run (``run_source``)."""
+    code = frame.f_code
+    name = code.co_filename
+    shown = cell if code.co_name == "<module>" and CELL_FILE.match(name) else name
+    return shown, lineno or 0, code.co_name, linecache.getline(name, lineno or 0).strip()
+
+
+def _thread_name(ident: int) -> str:
+    return next((t.name for t in threading.enumerate() if t.ident == ident), f"thread {ident}")
 
 
 def _by_handle(job: Job) -> Any:

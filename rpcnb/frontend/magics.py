@@ -233,6 +233,44 @@ class RpcMagics(Magics):
         return probe.probe(workers or None, sizes, args.repeats, tensorpipe_only=args.tensorpipe)
 
     @magic_arguments()
+    @argument("workers", nargs="*", help="workers to list, by name (default: every other member)")
+    @usage_errors
+    @line_magic
+    def rpc_who(self, line: str) -> Any:
+        """Each worker's variables: type, and for tensors and arrays shape, dtype, device
+        and size."""
+        return self._who(parse(self.rpc_who, line))
+
+    @needs_group
+    def _who(self, args: Any) -> Any:
+        from rpcnb import api
+
+        return api.who([w for item in args.workers for w in plans.csv(item) or []] or None)
+
+    @magic_arguments()
+    @argument("workers", nargs="*", help="members to show, by name (default: every other)")
+    @argument("--all", action="store_true", help="every member, this kernel included")
+    @argument("--full", action="store_true",
+              help="every frame of every thread: rpcnb's around the cell, the idle threads'")
+    @argument("--timeout", type=float, default=1.0,
+              help="seconds each member gets to answer (default 1)")
+    @usage_errors
+    @line_magic
+    def rpc_stacks(self, line: str) -> Any:
+        """Where each member is now: every thread's Python stack, the running cell's first."""
+        return self._stacks(parse(self.rpc_stacks, line))
+
+    @needs_group
+    def _stacks(self, args: Any) -> Any:
+        from rpcnb.observe import stacks
+
+        workers = [w for item in args.workers for w in plans.csv(item) or []]
+        if workers and args.all:
+            raise UsageError(plans.TARGET_AND_ALL.format(target=",".join(workers)))
+        return stacks.stacks(workers or None, every=args.all, full=args.full,
+                             timeout=args.timeout)
+
+    @magic_arguments()
     @argument("--json", action="store_true", help="print the findings as JSON, for scripts")
     @argument("--text", action="store_true", help="print the findings as text, no widget")
     @usage_errors

@@ -34,6 +34,7 @@ HELLO_ID = "rpcnb.panel.hello"
 PROTOCOL = 1  # the messages' shape; the front end says so when it does not know it
 PERIOD = 1.0  # seconds between two snapshots, at least
 REFRESH_EVERY = 10.0  # seconds between asking each member about itself (memory, answering)
+BUSY_EVERY = 2.0  # seconds between asking the others which cell they run, and where
 REMOTE_EVERY = 5.0  # seconds between asking the others for their calls (the channel matrix)
 SERIES_SECONDS = 300.0  # the latency charts' span
 SERIES_POINTS = 120  # points per peer at most
@@ -79,6 +80,9 @@ def member_rows(group: Any, running: set[str] | frozenset[str] = frozenset()) ->
             "devices": list(m.devices), "gpus": m.gpus, "alive": m.alive, "how": m.how,
             "calls": m.calls, "recent_ms": m.recent_ms, "memory": dict(m.memory),
             "me": m.name == group.me, "running": m.name in running,
+            # the cell it runs and where (the front end counts the seconds from "since")
+            "busy": {k: v for k, v in m.busy.items() if k != "seconds"}
+            if m.busy and m.alive and not m.unreachable else None,
         })
     return rows
 
@@ -113,6 +117,7 @@ class Publisher:
         self._traffic_data: dict[str, Any] | None = None
         self._dirty = True  # telemetry recorded a call since the matrix was computed
         self._refreshed = 0.0
+        self._busy_at = 0.0
         self._described: dict[str, tuple[float, dict[str, Any]]] = {}
         self._seen: dict[str, float] = {}  # RRef key -> when this kernel first held it
 
@@ -231,9 +236,12 @@ class Publisher:
         from rpcnb.membership import view
 
         refresh = full and time.monotonic() - self._refreshed > REFRESH_EVERY
+        if full and not refresh and time.monotonic() - self._busy_at > BUSY_EVERY:
+            view.ask_busy(s)  # between two refreshes (which ask it too)
+            self._busy_at = time.monotonic()
         group = view.group(refresh=refresh)
         if refresh:
-            self._refreshed = time.monotonic()
+            self._refreshed = self._busy_at = time.monotonic()
         rows = member_rows(group, _running(s))
         snap.update(message="", members=rows, group={
             "me": group.me, "leader": group.leader, "address": group.address,
@@ -378,8 +386,22 @@ class Publisher:
                 self._seen.pop(key, None)
             self._described.pop(key, None)
             return {"message": f"freed: {', '.join(names)} dropped; its owner lets go of it."}
+        if action == "stacks":
+            from rpcnb.observe import stacks
+
+            name = str(data.get("member", ""))
+            return {"message": f"{name}'s threads now:", "text": str(stacks.stacks([name]))}
         if action in ("restart", "interrupt"):
             return {"message": self._member_action(action, str(data.get("member", "")))}
+        if action == "who":  # a member's variables, as %rpc_who lists them
+            from rpcnb.observe.names import who
+
+            name = str(data.get("member", ""))
+            found = who([name]).get(name)
+            if found.state != "answered":
+                raise ValueError(found.summary())
+            return {"message": found.summary(), "member": name, "variables": found.rows,
+                    "text": found.table() if found.rows else ""}
         if action == "add":
             n = data.get("n", 1)
             if isinstance(n, str) and n.strip().isdigit():

@@ -138,6 +138,13 @@ def remote(line: str, cell: str | None = None) -> None:
     """Run a cell (or, as %remote WORKER EXPR, one expression) on worker(s)."""
 
 
+def flags_of(func: Any) -> dict[str, bool]:
+    """A magic's flags as its parser declares them (``func`` carries the parser), each with
+    whether it takes a value: what Tab offers on the magic's line (``rpcnb.frontend.completion``)."""
+    return {opt: action.nargs != 0 for action in func.parser._actions
+            for opt in action.option_strings}
+
+
 def csv(text: str | None) -> list[str] | None:
     """'a, b,,c' -> ['a', 'b', 'c']; None stays None."""
     if text is None:

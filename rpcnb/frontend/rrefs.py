@@ -45,7 +45,7 @@ def summary_line(owner: str, info: dict[str, Any] | None, error: str = "") -> st
         return f"RRef on {owner} ({error})"
     parts = [f"RRef on {owner}: {info['type']}"]
     if "shape" in info:
-        parts.append(f"shape=({', '.join(map(str, info['shape']))}{',' if len(info['shape']) == 1 else ''})")
+        parts.append(f"shape={text.shape(info['shape'])}")
         parts.append(info["dtype"])
         parts.append(info["device"])
         parts.append(text.size(info["nbytes"]))
@@ -74,7 +74,7 @@ def rref_html(rref: Any) -> str:
                 f"<i>{esc(error)}</i></div>")
     facts = [("owner", owner), ("type", info["type"])]
     if "shape" in info:
-        facts += [("shape", "(" + ", ".join(map(str, info["shape"])) + ")"),
+        facts += [("shape", text.shape(info["shape"])),
                   ("dtype", info["dtype"]), ("device", info["device"]),
                   ("size", text.size(info["nbytes"]))]
     elif "len" in info:

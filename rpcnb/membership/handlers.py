@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from rpcnb import telemetry
-from rpcnb.cells import call, comms, output, printer
+from rpcnb.cells import call, comms, console, output, printer
 from rpcnb.cells.runner import Job
-from rpcnb.membership import collectives, leave, start
-from rpcnb.observe import channels, doctor, values
+from rpcnb.membership import collectives, leave, start, view
+from rpcnb.observe import channels, doctor, names, stacks, values
 from rpcnb.paths import serialize, ucx
 from rpcnb.session import protocol, roster
 from rpcnb.session.state import Session
@@ -50,6 +50,23 @@ def interrupt(s: Session, call_id: str) -> bool:
     if s.runner is None:
         raise RuntimeError(NO_RUNNER)
     return bool(s.runner.interrupt(call_id))
+
+
+def ask(s: Session, call_id: str | None, worker: str, prompt: str,
+        password: bool) -> torch.futures.Future:
+    """A worker running a cell (or a call) of this process asks for a line of input; the
+    future completes with ``(kind, text)`` once the user answered (``rpcnb.cells.console``)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    console.route(s, call_id, console.Question(str(worker), str(prompt), bool(password), fut))
+    return fut
+
+
+def cell_position(s: Session, call_id: str) -> str | None:
+    """What this member runs while the cell ``call_id`` waits in its queue (None: the
+    cell runs, ended, or is unknown here)."""
+    if s.runner is None:
+        return None
+    return s.runner.position(call_id)
 
 
 def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[Any]) -> None:
@@ -155,8 +172,38 @@ def describe_self(s: Session) -> dict[str, Any]:
     return start.self_info(s)
 
 
+def running(s: Session) -> dict[str, Any] | None:
+    """The cell this member runs now and its current line (%rpc_jobs, the panel)."""
+    return view.running_now(s)
+
+
+def thread_stacks(s: Session, full: bool = False) -> dict[str, Any]:
+    """Every thread's Python stack now, the cell's first (``rpcnb.observe.stacks``).
+    Answered here on torch's RPC thread, also while the cell's thread is in a C call."""
+    return stacks.here(s, bool(full))
+
+
 def describe_rref(s: Session, rref: Any) -> dict[str, Any]:
     return values.describe(rref.local_value())
+
+
+def complete(s: Session, code: str, cursor: int) -> list[tuple[int, int, str, str, str]] | None:
+    """Tab in a ``%%remote`` cell: completions from this member's namespace
+    (``rpcnb.observe.names``). Answered here on torch's RPC thread, not behind the cell
+    runner, so a busy member answers when the GIL lets it."""
+    return names.complete_here(s, str(code), int(cursor))
+
+
+def inspect_object(s: Session, code: str, cursor: int, detail_level: int = 0,
+            omit_sections: list[str] | tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """Shift-Tab in a ``%%remote`` cell: the object under the cursor, as IPython's
+    inspector shows it here."""
+    return names.inspect_here(s, str(code), int(cursor), int(detail_level), omit_sections)
+
+
+def variables(s: Session) -> list[dict[str, Any]]:
+    """This member's variables (``%rpc_who``, the panel's "variables")."""
+    return names.variables_here(s)
 
 
 def facts(s: Session) -> dict[str, Any]:
@@ -186,6 +233,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "run_cell": run_cell,
     "interrupt": interrupt,
     "deliver": deliver,
+    "ask": ask,
+    "cell_position": cell_position,
     "comm": comm,
     "collectives": collectives_join,
     "collectives_end": collectives_end,
@@ -202,6 +251,11 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "leave": leave_now,
     "describe_self": describe_self,
     "describe_rref": describe_rref,
+    "running": running,
+    stacks.OP: thread_stacks,
+    names.COMPLETE: complete,
+    names.INSPECT: inspect_object,
+    names.VARIABLES: variables,
     "facts": facts,
     "doctor": doctor_report,
     "peer_stats": peer_stats,

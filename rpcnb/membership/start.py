@@ -150,6 +150,7 @@ def self_info(s: Session) -> dict[str, Any]:
         "torch": torch.__version__,
         "memory": view.memory_info(),
         "address": view.listen_address(),
+        "running": view.running_now(s),
     }
 
 

@@ -4,6 +4,7 @@ recent latency."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -17,6 +18,7 @@ from rpcnb.session.state import Group, Member
 from rpcnb.wire import _torch
 
 ASK_S = 3.0  # how long %rpc_workers waits for each member to describe itself
+BUSY_ASK_S = 1.0  # how long ask_busy waits for each member
 
 
 def memory_info() -> dict[str, Any]:
@@ -38,6 +40,41 @@ def listen_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "?"
+
+
+def running_now(s: state.Session) -> dict[str, Any] | None:
+    """The cell this member runs now and where it is (``CellRunner.running``), as plain
+    data (its frames left out); None when it runs none."""
+    found = s.runner.running() if s.runner is not None else None
+    if found is None:
+        return None
+    said = dataclasses.asdict(found)
+    said.pop("stack")
+    return said
+
+
+def ask_busy(s: state.Session, timeout: float = BUSY_ASK_S) -> None:
+    """Ask every other live member which cell it runs now and where (the ``running``
+    request, all at once): what ``group(refresh=False)`` then shows as busy, between two
+    full refreshes (the panel). A member that does not answer keeps what it said last."""
+    with s.lock:
+        names = [n for n, m in s.members.items() if n != s.name and m.alive
+                 and n not in s.dead and n not in s.unreachable]
+    futs = {}
+    for name in names:
+        try:
+            futs[name] = protocol.call_async(s.token, name, "running", timeout=timeout)
+        except Exception:
+            pass
+    for name, fut in futs.items():
+        try:
+            busy = fut.wait()
+        except Exception:
+            continue
+        with s.lock:
+            m = s.members.get(name)
+            if m is not None:
+                m.busy = busy
 
 
 def group(refresh: bool = True) -> Group:
@@ -89,6 +126,7 @@ def group(refresh: bool = True) -> Group:
             m.gpus = info.get("gpus", "")
             m.address = info.get("address", "")
             m.memory = info.get("memory", {})
+            m.busy = info.get("running")
             m.alive, m.how = True, ""  # it answers (again)
     rows = []
     with s.lock:
@@ -98,6 +136,7 @@ def group(refresh: bool = True) -> Group:
         if not s.members[s.name].address:
             s.members[s.name].address = listen_address()
         s.members[s.name].memory = memory_info()
+        s.members[s.name].busy = running_now(s)
         for name in set(infos) | set(s.dead):
             m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
             if name in s.dead:

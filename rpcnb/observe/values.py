@@ -14,8 +14,9 @@ MAX_PREVIEW = 400
 SMALL_DEVICE_ARRAY = 64 << 10
 
 
-def describe(value: Any) -> dict[str, Any]:
-    """A short, display-ready description of ``value``."""
+def describe(value: Any, preview: bool = True) -> dict[str, Any]:
+    """A short, display-ready description of ``value`` (``preview=False``: without the
+    preview, which costs a repr: ``%rpc_who`` lists every variable so)."""
     import torch
 
     cls = type(value)
@@ -32,21 +33,23 @@ def describe(value: Any) -> dict[str, Any]:
             nbytes=value.element_size() * value.nelement(),
             requires_grad=bool(value.requires_grad),
         )
-        preview = tensor_preview(value)
+        text = tensor_preview(value) if preview else ""
     elif arrays.library(cls) is not None:
         info.update(shape=[int(n) for n in value.shape], dtype=arrays.dtype_name(value),
                     device=arrays.device(value), nbytes=arrays.nbytes(value))
-        preview = array_preview(value, info["nbytes"])
+        text = array_preview(value, info["nbytes"]) if preview else ""
     else:
-        preview = _repr(value)
+        text = _repr(value) if preview else ""
         if hasattr(value, "__len__"):
             try:
                 info["len"] = len(value)
             except Exception:
                 pass
-    if len(preview) > MAX_PREVIEW:
-        preview = preview[: MAX_PREVIEW - 3] + "..."
-    info["preview"] = preview
+    if not preview:
+        return info
+    if len(text) > MAX_PREVIEW:
+        text = text[: MAX_PREVIEW - 3] + "..."
+    info["preview"] = text
     return info
 
 

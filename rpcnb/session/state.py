@@ -44,6 +44,9 @@ class Member:
     memory: dict[str, Any] = field(default_factory=dict)  # rss, shm (bytes), gpu (a list)
     address: str = ""  # where its TensorPipe listens: "ADDR (IFACE)"
     unreachable: str = ""  # "since 14:02:11 (12 s)" while its host answers nothing
+    # the cell it runs now (rpcnb.membership.start.running_now: cell, first, since, seconds,
+    # file, line, text), or None when idle or not known
+    busy: dict[str, Any] | None = None
 
 
 @dataclass
@@ -74,8 +77,8 @@ class Group:
 
     def table(self) -> str:
         """The members as a plain-text table."""
-        rows = [("name", "rank", "host", "address", "pid", "kind", "devices", "alive", "calls",
-                 "recent", "memory", "gpu memory")]
+        rows = [("name", "rank", "host", "address", "pid", "kind", "devices", "alive", "busy",
+                 "calls", "recent", "memory", "gpu memory")]
         for m in self.members:
             rows.append((
                 m.name + (" (this kernel)" if m.name == self.me else ""),
@@ -83,6 +86,7 @@ class Group:
                 (",".join(m.devices) or "cpu") + (f" (GPU {m.gpus})" if m.gpus else ""),
                 f"unreachable {m.unreachable}" if m.unreachable
                 else "yes" if m.alive else f"no: {m.how}",
+                ("yes" if m.busy else "no") if m.alive and not m.unreachable else "-",
                 str(m.calls),
                 "-" if m.recent_ms is None else f"{m.recent_ms:.2f} ms",
                 _memory(m.memory),
@@ -90,16 +94,44 @@ class Group:
             ))
         return text.table(rows)
 
+    def busy(self) -> str:
+        """A line per busy member: the cell, since when, and where it is now."""
+        return "\n".join(busy_line(m.name, m.busy) for m in self.members
+                         if m.busy and m.alive and not m.unreachable)
+
     def __str__(self) -> str:
+        busy = self.busy()
         return (f"rpcnb group of {sum(m.alive for m in self.members)} "
                 f"(this process is {self.me}, {self.leader} holds the rendezvous)\n"
-                f"{self.table()}\n"
+                f"{self.table()}\n" + (f"{busy}\n" if busy else "") +
                 f"Join from another kernel on this host:\n  {self.join_line}"
                 + ("\nFrom another host: %rpc_init --join tcp://HOST:PORT --token TOKEN "
                    "--name NAME (the token is in the connection file)" if self.remote else ""))
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
+
+
+def busy_line(name: str, busy: dict[str, Any]) -> str:
+    """``worker1 runs <worker1 cell 3> (for i in range(9):) since 14:02:11 (12 s), at line 4:
+    time.sleep(1)``: what a busy member runs, and where it is now."""
+    since = time.strftime("%H:%M:%S", time.localtime(busy["since"]))
+    now = where(busy)
+    first = busy.get("first", "")
+    first = first if len(first) <= 40 else first[:37] + "..."
+    seconds = max(0.0, time.time() - busy["since"])
+    return (f"{name} runs {busy['cell']} ({first}) since {since} ({seconds:.0f} s)"
+            + (f", at {now}" if now else ""))
+
+
+def where(busy: dict[str, Any]) -> str:
+    """Where a busy member's cell is now: ``line 4: time.sleep(1)``, ``line 2 of <worker1
+    cell 1>: ...`` in a function of an earlier cell; "" when it is in none of the cells'
+    code (rpcnb's own, as the cell starts or ends)."""
+    if not busy.get("file"):
+        return ""
+    of = "" if busy["file"] == busy.get("cell") else f" of {busy['file']}"
+    return f"line {busy['line']}{of}: {busy['text']}"
 
 
 def gpu_memory(memory: dict[str, Any]) -> str:

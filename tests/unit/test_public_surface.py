@@ -36,10 +36,12 @@ MAGICS = {
     ("line", "rpc_jobs"): ["--all"],
     ("line", "rpc_shutdown"): ["--timeout"],
     ("line", "rpc_probe"): ["--repeats", "--sizes", "--tensorpipe", "workers"],
+    ("line", "rpc_stacks"): ["--all", "--full", "--timeout", "workers"],
     ("line", "rpc_doctor"): ["--json", "--text"],
     ("line", "rpc_channels"): ["--interval", "--text"],
     ("line", "rpc_devmap"): ["--name", "--topology"],
     ("line", "rpc_workers"): [],
+    ("line", "rpc_who"): ["workers"],
 }
 
 

@@ -4,6 +4,8 @@ import {
   cellText,
   Connection,
   ICell,
+  busyText,
+  clock,
   describe as describeConn,
   IMember,
   ISnapshot,
@@ -13,7 +15,8 @@ import {
   rrefWhat,
   sparkline,
   statusOf,
-  TEXT
+  TEXT,
+  variablesAction
 } from '../model';
 
 function member(
@@ -250,7 +253,8 @@ describe('memberActions', () => {
     );
     expect(idle.map(a => [a.action, a.enabled])).toEqual([
       ['interrupt', false],
-      ['restart', true]
+      ['restart', true],
+      ['stacks', true]
     ]);
     const busy = memberActions(
       member('worker1', true, { kind: 'process', me: false, running: true })
@@ -259,16 +263,58 @@ describe('memberActions', () => {
     expect(busy[0].title).toContain('worker1');
   });
 
-  it('gives this kernel, joined kernels and engines no buttons', () => {
+  it('gives this kernel, joined kernels and engines only stacks', () => {
+    const only = (m: IMember) => memberActions(m).map(a => a.action);
+    expect(only(member('worker0', true, { kind: 'kernel', me: true }))).toEqual(
+      ['stacks']
+    );
     expect(
-      memberActions(member('worker0', true, { kind: 'kernel', me: true }))
-    ).toEqual([]);
+      only(member('w9', true, { kind: 'joined kernel', me: false }))
+    ).toEqual(['stacks']);
     expect(
-      memberActions(member('w9', true, { kind: 'joined kernel', me: false }))
-    ).toEqual([]);
-    expect(
-      memberActions(member('engine0', true, { kind: 'engine', me: false }))
-    ).toEqual([]);
+      only(member('engine0', true, { kind: 'engine', me: false }))
+    ).toEqual(['stacks']);
+  });
+
+  it('disables stacks for a dead member', () => {
+    const stacks = memberActions(member('worker2', false)).find(
+      a => a.action === 'stacks'
+    );
+    expect(stacks).toMatchObject({ enabled: false });
+    expect(stacks?.title).toContain('dead');
+  });
+});
+
+describe('busyText', () => {
+  const since = new Date(2025, 0, 1, 14, 2, 11).getTime() / 1000;
+  const busy = {
+    cell: '<worker1 cell 3>',
+    first: 'import time',
+    caller: 'worker0',
+    since,
+    file: '<worker1 cell 3>',
+    line: 4,
+    text: 'time.sleep(30)'
+  };
+
+  it('says the cell, since when, and the line it is at', () => {
+    expect(clock(since)).toBe('14:02:11');
+    expect(busyText(member('worker1', true, { busy }))).toBe(
+      'runs <worker1 cell 3> (import time) since 14:02:11, at line 4: time.sleep(30)'
+    );
+  });
+
+  it('names the cell of a function defined earlier, and nothing when idle', () => {
+    const inner = { ...busy, file: '<worker1 cell 1>', line: 2, text: 'f()' };
+    expect(busyText(member('worker1', true, { busy: inner }))).toContain(
+      'at line 2 of <worker1 cell 1>: f()'
+    );
+    const starting = { ...busy, file: '' };
+    expect(busyText(member('worker1', true, { busy: starting }))).toBe(
+      'runs <worker1 cell 3> (import time) since 14:02:11'
+    );
+    expect(busyText(member('worker1', true, { busy: null }))).toBe('');
+    expect(busyText(member('worker1', false, { busy }))).toBe('');
   });
 });
 
@@ -306,5 +352,30 @@ describe('describe while a cell runs', () => {
     expect(
       describeConn({ state: 'live', snapshot: { ...snapshot, busy: false } })
     ).toBe('Group of 1 led by worker0; this kernel is worker0.');
+  });
+});
+
+describe('variablesAction', () => {
+  it('lists the variables of every living member, this kernel included', () => {
+    for (const m of [
+      member('worker1'),
+      member('worker0', true, { kind: 'kernel', me: true }),
+      member('w9', true, { kind: 'joined kernel' })
+    ]) {
+      expect(variablesAction(m)).toMatchObject({
+        action: 'who',
+        label: 'variables',
+        enabled: true
+      });
+    }
+    expect(variablesAction(member('worker1')).title).toContain(
+      "worker1's variables"
+    );
+  });
+
+  it('is disabled for a dead member, whose namespace is lost', () => {
+    const dead = variablesAction(member('worker2', false));
+    expect(dead.enabled).toBe(false);
+    expect(dead.title).toContain('namespace is lost');
   });
 });
