@@ -6,8 +6,9 @@ torch is imported when a group starts. Every magic has a plain function here:
 ``run_bg`` (``%%remote --bg``), ``jobs`` (``%rpc_jobs``), ``group`` (``%rpc_workers``),
 ``restart`` (``%rpc_restart``), ``add_workers`` (``%rpc_init --add``), ``interrupt`` and
 ``shutdown`` (``%rpc_shutdown``).
-They are ``rpcnb.api``'s, loaded on first use. ``attach`` (``%rpc_init --attach``)
-makes the engines of a running ipyparallel cluster members (``rpcnb.integrations.ipyparallel``).
+They are ``rpcnb.api``'s, loaded on first use. ``attach`` (``%rpc_init --attach``) makes
+this process the driver of a kept group again (``init(..., keep=...)``), or makes the
+engines of a running ipyparallel cluster members (``rpcnb.integrations.ipyparallel``).
 ``with rpcnb.copying():`` copies tensors already in shared memory instead of sharing them
 by handle, for every call this thread makes inside the block (``rpcnb.paths.zerocopy``).
 """
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
         run_bg,
         shutdown,
     )
-    from rpcnb.integrations.ipyparallel import attach
     from rpcnb.paths.zerocopy import copying
 
 def _version() -> str:
@@ -99,18 +99,38 @@ def __getattr__(name: str) -> Any:
             # every call). init and add_workers come here each time, to warm the launcher.
             globals()[name] = found
         return found
-    if name == "attach":  # ipyparallel engines as members (rpcnb.integrations.ipyparallel)
-        from rpcnb.procs import launch
-
-        launch.apply_quiet_env()
-        from rpcnb.integrations.ipyparallel import attach
-
-        return attach
     if name == "copying":  # rpcnb.paths.zerocopy imports no torch
         from rpcnb.paths.zerocopy import copying
 
         return copying
     raise AttributeError(f"module 'rpcnb' has no attribute {name!r}")
+
+
+def attach(target: Any = None, **kwargs: Any) -> Any:
+    """Attach again to a kept group (``target``: its name, or None for the one there is;
+    ``rpcnb.api.attach``), or make the engines of a running ipyparallel cluster members
+    (``target``: a Client, a Cluster, its id, PROFILE:ID, a profile name or directory;
+    ``rpcnb.integrations.ipyparallel.attach``). ``%rpc_init --attach [TARGET]``.
+
+    Returns:
+        The group, this process included.
+    """
+    from rpcnb.procs import launch
+
+    launch.apply_quiet_env()  # before torch is imported (its C++ log level)
+    if target is None or (isinstance(target, str) and _is_kept(target)):
+        from rpcnb import api
+
+        return api.attach(target, **kwargs)
+    from rpcnb.integrations.ipyparallel import attach as attach_engines
+
+    return attach_engines(target, **kwargs)
+
+
+def _is_kept(name: str) -> bool:
+    from rpcnb.membership import kept
+
+    return kept.read(name) is not None
 
 
 def load_ipython_extension(ip: Any) -> None:

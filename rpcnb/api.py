@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -65,7 +66,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
          host: str = "127.0.0.1", allow_remote: bool = False,
          interface: str | None = None, ucx: bool | None = None,
          zero_copy: bool = True, collectives: str | None = None,
-         collective_timeout: float | None = None) -> Group:
+         collective_timeout: float | None = None, keep: Any = None) -> Group:
     """Start a group: this process becomes ``name`` (rank 0) and starts ``workers`` workers.
 
     The workers are named ``worker1``..``workerN``. By default the rendezvous is a file in
@@ -105,6 +106,11 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
             ``all_reduce``, ``barrier``, DDP in their cells (``rpcnb.membership.collectives``).
         collective_timeout: seconds a collective waits for every rank (default 60); one
             that not every rank joins fails after it, naming the ranks that never came.
+        keep: the workers outlive this process (a kernel restart, a crash): a process of
+            its own, the keeper, leads the group and this process attaches to it
+            (``attach`` attaches again). The group ends when no process has been attached
+            for ``keep`` (seconds, or ``"30m"``, ``"2h"``; ``True``: an hour), or at
+            ``shutdown``. ``%rpc_init --keep``.
 
     Returns:
         The group, this process and its workers (``print()`` it for a table).
@@ -127,6 +133,14 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
     options.check_name(name)
+    if keep is not None and keep is not False:
+        return _start_kept(workers, keep, name, dict(
+            threads=threads, timeout=timeout, channels=list(channels or []) or None,
+            transports=list(transports or []) or None, shm=shm, gpus=gpus, port=port,
+            host=host, allow_remote=allow_remote, interface=interface, ucx=ucx,
+            zero_copy=zero_copy, collectives=collectives,
+            collective_timeout=collective_timeout,
+            device_map=device_map if isinstance(device_map, (str, type(None))) else None))
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"workers must be a whole number >= 0, not {workers!r}.")
     names = [f"worker{i}" for i in range(1, workers + 1)]
@@ -227,6 +241,75 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         teardown.close()
         raise
     return group()
+
+
+def _start_kept(workers: int, keep: Any, name: str, kwargs: dict[str, Any]) -> Group:
+    """``init(..., keep=...)``: a keeper starts the group, this process attaches."""
+    from rpcnb.membership import kept
+
+    seconds = kept.duration(None if keep is True else keep)
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(errors.KEEP_NEEDS_WORKERS)
+    rec = kept.spawn(kept.new_name(), workers, seconds, kwargs)
+    return attach(rec.name, name=None if name == "worker0" else name)
+
+
+def attach(group: str | None = None, *, name: str | None = None) -> Group:
+    """Make this process the driver of a kept group again (``%rpc_init --attach``): it
+    joins the group, whose workers kept their names, namespaces and running cells.
+
+    Args:
+        group: the kept group's name (``groups()`` lists them); None: the one there is.
+        name: this process's name in the group (default ``kernel-PID``).
+
+    Returns:
+        The group, this process included.
+
+    Raises:
+        rpcnb.RpcnbError: this process is already in a group; no kept group (of that
+            name); several and none named; another kernel is attached (named).
+    """
+    from rpcnb.membership import kept
+
+    if state.is_initialized():
+        raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
+    rec = kept.find(group)
+    claim = kept.claim(rec)  # the second kernel to attach is told which one is
+    t0 = time.monotonic()
+    try:
+        view = join(rec.connection, name or f"kernel-{os.getpid()}")
+    except BaseException:
+        kept.release(rec.name, claim)
+        raise
+    s = state.current()
+    s.options["kept"] = rec.name
+    s.teardown.push("kept group's claim", functools.partial(kept.release, rec.name, claim))
+    seconds = time.monotonic() - t0
+    from rpcnb.membership import view as views
+
+    views.ask_busy(s)  # the cells the workers still run, said in the report
+    view = views.group(refresh=False)
+    print(kept.report(rec, view, seconds))
+    return view
+
+
+def groups() -> list[Any]:
+    """The kept groups of this user (``%rpc_groups``): each one's record (name, keeper
+    pid, workers, since when, which kernel is attached, since when none is)."""
+    from rpcnb.membership import kept
+
+    return kept.groups()
+
+
+def end_group(group: str, timeout: float = 15.0) -> bool:
+    """End the kept group ``group`` without attaching (``%rpc_shutdown --group``): its
+    keeper stops every worker and removes what the group left. Whether it was running."""
+    from rpcnb.membership import kept
+
+    if not kept.read(group):
+        raise RpcnbError(errors.KEPT_UNKNOWN.format(
+            name=group, known=", ".join(r.name for r in kept.groups()) or "none"))
+    return kept.end(group, timeout)
 
 
 def join(address: str, name: str, *, token: str | None = None,
@@ -363,7 +446,12 @@ def shutdown(timeout: float = 10.0) -> None:
         rpcnb.RpcnbError: this process is in no group.
     """
     s = state.current()
+    kept_group = s.options.get("kept")
     if s.is_leader:
         leave.shutdown_group(s, timeout)
     else:
         leave.leave_group(timeout)
+    if kept_group and not s.is_leader:  # a kept group's driver ends the group itself
+        from rpcnb.membership import kept
+
+        kept.end(kept_group, timeout)

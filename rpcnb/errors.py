@@ -58,6 +58,36 @@ CALL_TIMEOUT_RUNNING = (
     "check for interrupts, such as one long C call). Cells sent to it wait behind it. "
     "Wait for it, or %rpc_restart {first} to replace the worker (its namespace is lost)."
 )
+KEEP_DURATION = (
+    "--keep takes how long the group may go without a kernel: 90, 90s, 30m, 2h or 1d (a "
+    "number above 0), not {value!r}."
+)
+KEEP_NEEDS_WORKERS = "--keep keeps workers: give --workers N (N of 1 or more) with it."
+KEPT_NONE = (
+    "There is no kept group to attach to: %rpc_init --workers N --keep starts one (its "
+    "workers outlive the kernel); %rpc_groups lists them."
+)
+KEPT_NONE_LISTED = "No kept groups (%rpc_init --workers N --keep starts one)."
+KEPT_WHICH = "There are several kept groups ({known}): name one, e.g. %rpc_init --attach NAME."
+KEPT_UNKNOWN = "There is no kept group {name!r}; kept groups: {known} (%rpc_groups lists them)."
+KEPT_ATTACHED = (
+    "Kept group {group!r} has a kernel attached already: {kernel} (pid {pid}). One kernel "
+    "drives a kept group at a time: %rpc_shutdown there (it ends the group), or close that "
+    "kernel, then attach here."
+)
+KEEPER_FAILED = "The kept group could not start: {reason}. The keeper's log ends with:\n{log}"
+KEPT_ATTACHED_TO = (
+    "rpcnb: attached to kept group {group} in {seconds:.1f} s ({idle}): {workers} kept "
+    "their names, namespaces and running cells."
+)
+KEPT_BUSY = "rpcnb: {worker} runs {cell} (for {seconds:.0f} s): its output comes to no kernel"
+KEPT_DIED = "rpcnb: {worker} died while no kernel was attached ({how}); its namespace is lost."
+KEPT_NOT_KEPT = (
+    "rpcnb: not kept from the kernel before: the RRefs it held (their values stay on the "
+    "workers, under the names the cells gave them), its notebook variables (what it "
+    "--push'ed stays on the workers), and its background cells' handles (%rpc_workers "
+    "shows what still runs). %rpc_shutdown ends the kept group; leaving the kernel keeps it."
+)
 INPUT_NOBODY = "Input was asked for on {worker}, but nobody can answer: {why}"
 INPUT_NO_CELL = (
     "this code runs outside any cell or call of the notebook (a thread an earlier cell "

@@ -701,6 +701,10 @@ def unit_tests_start_no_process(request: pytest.FixtureRequest) -> Any:
     if request.node.path.parent.name != "unit":
         yield
         return
+    # torch's first import asks ldconfig where CUDA's libraries are (cuda.pathfinder): a
+    # process of torch's, not of the test that happens to import it first
+    import torch  # noqa: F401
+
     PROCESS_WATCH.seen.clear()
     PROCESS_WATCH.on = True
     try:

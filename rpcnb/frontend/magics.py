@@ -35,6 +35,7 @@ BG_STARTED = (
     "{name}.result() when it ends, {name}.cancel() to stop it, %rpc_jobs lists them."
 )
 NO_ARGUMENTS = "%rpc_workers takes no arguments."
+KEPT_ENDED = "rpcnb: kept group {group} ended: its workers are stopped, nothing is left."
 BAD_INTERVAL = "--interval must be a positive number of seconds, not {interval}."
 
 
@@ -61,6 +62,15 @@ def needs_group(method: Callable[..., Any]) -> Callable[..., Any]:
             raise UsageError(errors.NOT_INITIALIZED)
         return method(*args, **kwargs)
     return magic
+
+
+def kept_group(address: str | None) -> bool:
+    """Whether --attach names a kept group (or nothing: the one there is), not a cluster."""
+    if not address:
+        return True
+    from rpcnb.membership import kept
+
+    return kept.read(address) is not None
 
 
 @magics_class
@@ -94,6 +104,9 @@ class RpcMagics(Magics):
         if plan.action == "join":
             assert plan.address is not None and plan.name is not None
             group = api.join(plan.address, plan.name, **plan.kwargs)
+        elif plan.action == "attach" and kept_group(plan.address):
+            group = api.attach(plan.address or None, name=plan.kwargs.get("name")
+                               if plan.kwargs.get("name") != "worker0" else None)
         elif plan.action in ("engines", "attach"):
             from rpcnb.integrations import ipyparallel
 
@@ -196,11 +209,32 @@ class RpcMagics(Magics):
     @magic_arguments()
     @argument("--timeout", type=float, default=10.0,
               help="seconds a worker gets to leave before it is stopped")
+    @argument("--group", default=None,
+              help="end this kept group (rpc_groups lists them) without attaching to it")
+    @usage_errors
     @line_magic
     def rpc_shutdown(self, line: str) -> None:
-        """Leave the group: workers first, this kernel last. Never hangs."""
+        """Leave the group: workers first, this kernel last (a kept group ends too). Never
+        hangs. --group NAME ends a kept group without attaching to it."""
         args = parse(self.rpc_shutdown, line)
+        if args.group is not None:
+            from rpcnb import api
+
+            api.end_group(args.group, timeout=args.timeout)
+            print(KEPT_ENDED.format(group=args.group))
+            return
         self._shutdown(args.timeout)
+
+    @magic_arguments()
+    @usage_errors
+    @line_magic
+    def rpc_groups(self, line: str) -> None:
+        """The kept groups of this user (%rpc_init --keep): workers, since when, the
+        kernel attached or for how long none is, memory."""
+        parse(self.rpc_groups, line)
+        from rpcnb.membership import kept
+
+        print(kept.table(kept.groups()))
 
     @needs_group
     def _shutdown(self, timeout: float) -> None:

@@ -97,9 +97,14 @@ init_flags = _stack([
     argument("--cluster-args", default=None, metavar="ARGS",
              help="with --engines: ipyparallel settings as key=value items, e.g. "
                   "\"profile_dir=/tmp/p MPILauncher.mpi_args=['--oversubscribe']\""),
-    argument("--attach", default=None, metavar="CLUSTER",
-             help="make the engines of a running ipyparallel cluster members (its id, "
+    argument("--attach", nargs="?", const="", default=None, metavar="GROUP",
+             help="attach to a kept group again (alone: the one there is; or its name), "
+                  "or make the engines of a running ipyparallel cluster members (its id, "
                   "PROFILE:ID, a profile name or a profile directory)"),
+    argument("--keep", nargs="?", const="", default=None, metavar="DURATION",
+             help="with --workers: the workers outlive this kernel (a restart, a crash) "
+                  "until no kernel has been attached for DURATION (default 1h; 30m, 2h); "
+                  "--attach attaches again"),
     argument("--interface", default=None,
              help="the network interface TensorPipe listens on (default: the one that "
                   "owns --host, or that reaches the group's host)"),
@@ -234,6 +239,13 @@ class InitPlan:
         return self.action == "init" and self.workers > 0
 
 
+def kept_duration(text: str) -> float:
+    """--keep's DURATION in seconds (empty: the default hour); ValueError if it is none."""
+    from rpcnb.membership import kept
+
+    return kept.duration(text)
+
+
 def device_map_spec(text: str, namespace: Mapping[str, Any]) -> Any:
     """--device-map takes a dict literal, DI-engine's string, or a notebook variable."""
     try:
@@ -276,6 +288,13 @@ def plan_init(line: str, namespace: Mapping[str, Any] | None = None,
         raise UsageError(errors.COLLECTIVES_NOT_HERE)
     if args.collectives and not args.workers:
         raise UsageError(errors.COLLECTIVES_NEED_WORKERS)
+    if args.keep is not None:
+        if args.join or clustered or not args.workers:
+            raise UsageError(errors.KEEP_NEEDS_WORKERS)
+        try:
+            kwargs["keep"] = kept_duration(args.keep)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if args.collectives:
         kwargs["collectives"] = args.collectives
         if args.collective_timeout is not None:

@@ -135,7 +135,9 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
             return [target], False
     live = live_names(s)
     if target is None or target == ALL:
-        names = [n for n in live if n != s.name]
+        # a kept group's leader is its keeper, which runs no cells (rpcnb.membership.kept)
+        skip = (s.name, s.leader) if s.options.get("kept") else (s.name,)
+        names = [n for n in live if n not in skip]
         if not names:
             raise RpcnbError(errors.NO_WORKERS)
         return names, True

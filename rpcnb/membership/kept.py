@@ -1,0 +1,307 @@
+"""Kept groups: groups whose workers outlive the kernel that started them (``%rpc_init
+--keep``), and the user's registry of them.
+
+A kept group's first member is not the kernel but a process of its own, the keeper
+(``python -m rpcnb.keeper``, started in a session of its own, so neither a kernel restart
+nor its process group's SIGKILL reaches it). It holds the rendezvous, starts and watches
+the workers, runs no cells, and ends the group when no kernel has been attached for its
+idle limit. A kernel attaches by joining the group (``rpcnb.attach``).
+
+Each kept group has a folder in the user's private runtime directory
+(``rpcnb.sandbox.isolation.runtime_dir()/kept/NAME``, mode 0700) holding its ``record.json``
+(mode 0600: where the group's connection file is, the keeper's and the workers' pids,
+since when, which kernel is attached, since when none is) and the keeper's log. Only the
+user can read it, and the group's secret stays in its 0600 connection file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rpcnb import errors
+from rpcnb.errors import RpcnbError
+from rpcnb.procs.processes import pid_alive
+from rpcnb.sandbox import isolation
+
+KEEPER = "keeper"  # the keeper's name in its group
+DEFAULT_KEEP_S = 3600.0  # --keep without a duration: an hour without a kernel
+START_S = 180.0  # seconds a keeper gets to start its group (workers included)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?\Z")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def duration(text: str | float | None) -> float:
+    """``--keep``'s value in seconds: ``90``, ``90s``, ``30m``, ``2h``, ``1d`` (None or
+    empty: the default hour). ValueError for anything else."""
+    if text is None or text == "":
+        return DEFAULT_KEEP_S
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        m = _DURATION.match(str(text).strip())
+        if m is None:
+            raise ValueError(errors.KEEP_DURATION.format(value=text))
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not seconds > 0:
+        raise ValueError(errors.KEEP_DURATION.format(value=text))
+    return seconds
+
+
+@dataclass
+class Record:
+    """What the registry knows of one kept group (its ``record.json``)."""
+
+    name: str
+    keep_s: float
+    pid: int = 0  # the keeper's
+    since: float = field(default_factory=time.time)
+    connection: str = ""  # the group's connection file, once it is up
+    workers: dict[str, int] = field(default_factory=dict)  # name -> pid
+    dead: dict[str, str] = field(default_factory=dict)  # name -> how it died
+    attached: str = ""  # the kernel attached now, "" for none
+    attached_pid: int = 0
+    idle_since: float | None = None  # since when no kernel is attached
+    failed: str = ""  # why the keeper could not start the group
+    group_id: str = ""  # the group's id (its /dev/shm segments are named after it)
+    folder: str = ""  # the group's own folder (its store, its connection file)
+
+    def alive(self) -> bool:
+        return self.pid > 0 and pid_alive(self.pid)
+
+
+def root() -> Path:
+    """The user's folder of kept groups (made 0700)."""
+    path = isolation.runtime_dir() / "kept"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def folder(name: str) -> Path:
+    return root() / name
+
+
+def write(rec: Record) -> None:
+    """Write ``rec`` atomically, readable by this user only."""
+    path = folder(rec.name)
+    path.mkdir(mode=0o700, exist_ok=True)
+    tmp = path / "record.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(rec), f)
+    os.replace(tmp, path / "record.json")
+
+
+def read(name: str) -> Record | None:
+    try:
+        data = json.loads((folder(name) / "record.json").read_text())
+        return Record(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def remove(name: str) -> None:
+    shutil.rmtree(folder(name), ignore_errors=True)
+
+
+def groups() -> list[Record]:
+    """The user's kept groups whose keeper runs; a folder whose keeper is gone is removed
+    (a keeper killed by SIGKILL could not remove its own)."""
+    found = []
+    for path in sorted(root().iterdir()):
+        rec = read(path.name)
+        if rec is None or not rec.alive():
+            starting = rec is not None and not rec.pid and time.time() - rec.since < START_S
+            if not starting:
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        found.append(rec)
+    return found
+
+
+def new_name() -> str:
+    taken = {p.name for p in root().iterdir()}
+    return next(f"group{i}" for i in range(1, len(taken) + 2) if f"group{i}" not in taken)
+
+
+def find(name: str | None) -> Record:
+    """The kept group ``name`` (None: the one there is), or RpcnbError saying which exist."""
+    kept = groups()
+    if name:
+        for rec in kept:
+            if rec.name == name:
+                return rec
+        raise RpcnbError(errors.KEPT_UNKNOWN.format(
+            name=name, known=", ".join(r.name for r in kept) or "none"))
+    if not kept:
+        raise RpcnbError(errors.KEPT_NONE)
+    if len(kept) > 1:
+        raise RpcnbError(errors.KEPT_WHICH.format(known=", ".join(r.name for r in kept)))
+    return kept[0]
+
+
+def spawn(name: str, workers: int, keep_s: float, init_kwargs: dict[str, Any]) -> Record:
+    """Start the keeper of a new kept group and wait until its group is up (its record
+    names the connection file); RpcnbError with the end of its log if it fails."""
+    rec = Record(name=name, keep_s=keep_s)
+    write(rec)
+    log = folder(name) / "keeper.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rpcnb.keeper", "--group", name, "--workers", str(workers),
+             "--keep", str(keep_s), "--options", json.dumps(init_kwargs)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        now = read(name)
+        if now is not None and (now.connection or now.failed):
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    now = read(name)
+    if now is None or not now.connection:
+        with contextlib.suppress(Exception):
+            proc.kill()
+        tail = log_tail(name)
+        remove(name)
+        raise RpcnbError(errors.KEEPER_FAILED.format(
+            reason=(now.failed if now is not None and now.failed else "it did not start in "
+                    f"{START_S:g} s"), log=tail))
+    return now
+
+
+def log_tail(name: str, lines: int = 15) -> str:
+    try:
+        text = (folder(name) / "keeper.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def end(name: str, timeout: float = 15.0) -> bool:
+    """Ask the keeper of ``name`` to end its group (SIGTERM) and wait for it; it is
+    killed, and its workers with it, after ``timeout``. Whether it was running."""
+    import signal
+
+    from rpcnb.procs.processes import kill_all
+
+    rec = read(name)
+    if rec is None or not rec.alive():
+        remove(name)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pid_alive(rec.pid):
+        time.sleep(0.05)
+    if pid_alive(rec.pid):
+        kill_all([rec.pid, *rec.workers.values()])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(pid_alive(p) for p in rec.workers.values()):
+        time.sleep(0.05)
+    remove(name)
+    return True
+
+
+def claim(rec: Record) -> Path:
+    """This process is the one attaching to ``rec``: its pid in the group's
+    ``attached.pid``, made exclusively; RpcnbError naming the kernel that is attached
+    (or attaching) while that one lives. A claim of a process that is gone is taken over."""
+    path = folder(rec.name) / "attached.pid"
+    me = os.getpid()
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and holder != me and pid_alive(holder):
+                now = read(rec.name) or rec
+                kernel = now.attached if now.attached_pid == holder and now.attached else \
+                    f"the kernel of pid {holder}"
+                raise RpcnbError(errors.KEPT_ATTACHED.format(
+                    group=rec.name, kernel=kernel, pid=holder)) from None
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(me))
+        return path
+    raise RpcnbError(errors.KEPT_ATTACHED.format(group=rec.name, kernel="another kernel",
+                                                 pid="?"))
+
+
+def claimed(name: str) -> str:
+    """The kernel that holds the claim on ``name`` ("pid N"; "" for none alive): attached
+    before the keeper's record says so (it looks every second)."""
+    try:
+        holder = int((folder(name) / "attached.pid").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return ""
+    return f"kernel-{holder}" if holder and pid_alive(holder) else ""
+
+
+def release(name: str, path: Path) -> None:
+    """Give up this process's claim on the kept group ``name`` (it left, or failed to)."""
+    with contextlib.suppress(OSError, ValueError):
+        if int(path.read_text().strip() or 0) == os.getpid():
+            path.unlink()
+
+
+def report(rec: Record, view: Any, seconds: float) -> str:
+    """What the kernel that attached is told: the workers it found (busy ones with their
+    cell), the ones that died meanwhile, and what did not survive the kernel before."""
+    workers = [m for m in view.members if m.kind not in ("kernel", KEEPER)]
+    lines = [errors.KEPT_ATTACHED_TO.format(
+        group=rec.name, seconds=seconds, workers=", ".join(m.name for m in workers) or "none",
+        idle=_ago(rec.idle_since))]
+    for m in workers:
+        busy = getattr(m, "busy", None)
+        if busy:
+            lines.append(errors.KEPT_BUSY.format(
+                worker=m.name, cell=busy.get("cell", "a cell"), seconds=busy.get("seconds", 0)))
+    for name, how in sorted((read(rec.name) or rec).dead.items()):
+        lines.append(errors.KEPT_DIED.format(worker=name, how=how))
+    lines.append(errors.KEPT_NOT_KEPT)
+    return "\n".join(lines)
+
+
+def _ago(since: float | None) -> str:
+    if since is None:
+        return "a kernel was attached until now"
+    return f"no kernel attached for {max(0.0, time.time() - since):.0f} s"
+
+
+def table(recs: list[Record]) -> str:
+    """``%rpc_groups``: one line per kept group."""
+    from rpcnb.procs.processes import rss_bytes
+    from rpcnb.text import size
+    from rpcnb.text import table as text_table
+
+    if not recs:
+        return errors.KEPT_NONE_LISTED
+    rows = [("group", "keeper pid", "workers", "since", "attached", "idle for", "memory")]
+    for r in recs:
+        pids = [r.pid, *r.workers.values()]
+        mem = sum(rss_bytes(p) for p in pids if p)
+        workers = ", ".join(r.workers) + (f" (dead: {', '.join(r.dead)})" if r.dead else "")
+        rows.append((r.name, str(r.pid), workers or "none",
+                     time.strftime("%H:%M:%S", time.localtime(r.since)),
+                     r.attached or claimed(r.name) or "no",
+                     "-" if r.idle_since is None else f"{time.time() - r.idle_since:.0f} s"
+                     f" of {r.keep_s:g} s",
+                     size(mem)))
+    return text_table(rows)

@@ -1,0 +1,194 @@
+"""Workers that outlive the kernel (issue 51), in real kernels: a kept group survives a
+kernel restart (graceful and ``now=True``) and a SIGKILL of the kernel, a new kernel
+attaches and finds the old values and a background loop still going; an idle kept group
+ends by itself and leaves nothing; two kernels cannot drive one group; a worker that died
+meanwhile is said to have died. Each test has its own runtime folder (its own registry of
+kept groups), and every process it started, the keeper's included, is stopped at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Kernel, children_of, stopped, wait_until
+
+from rpcnb.paths import shm
+from rpcnb.procs.processes import kill_all, pid_alive
+
+
+class Kept:
+    """Kernels of one user (one runtime folder), and every process they and the keepers
+    they start make, stopped at the end."""
+
+    def __init__(self, run: Path) -> None:
+        run.mkdir(mode=0o700)
+        self.run = run
+        self.env = {"RPCNB_RUNTIME_DIR": str(run)}
+        self.kernels: list[Kernel] = []
+        self.pids: set[int] = set()
+
+    def kernel(self) -> Kernel:
+        k = Kernel(env=self.env)
+        self.kernels.append(k)
+        k.execute("%load_ext rpcnb")
+        return k
+
+    def restart(self, k: Kernel, now: bool = False) -> None:
+        """Restart ``k`` as the notebook's button does; rpcnb loaded in the new one."""
+        self.note(k)
+        k.km.restart_kernel(now=now)
+        k.kc.wait_for_ready(timeout=60)
+        k.pid = k.km.provisioner.pid
+        k.known.add(k.pid)
+        k.execute("%load_ext rpcnb")
+
+    def records(self) -> list[dict]:
+        kept = self.run / "kept"
+        return [json.loads((p / "record.json").read_text()) for p in sorted(kept.iterdir())
+                if (p / "record.json").exists()] if kept.exists() else []
+
+    def note(self, k: Kernel | None = None) -> None:
+        for rec in self.records():
+            self.pids.update(p for p in [rec["pid"], *rec["workers"].values()] if p)
+            self.pids.update(children_of(rec["pid"]) if rec["pid"] else ())
+        if k is not None:
+            self.pids.update(children_of(k.pid))
+
+    def close(self) -> list[int]:
+        self.note()
+        for k in self.kernels:
+            self.pids.update(k.known)
+            k.close()
+        kill_all(sorted(self.pids))
+        return stopped(self.pids)
+
+
+@pytest.fixture
+def kept(tmp_path):
+    holder = Kept(tmp_path / "run")
+    try:
+        yield holder
+    finally:
+        left = holder.close()
+        assert not left, f"processes left running: {left}"
+
+
+def start(k: Kernel, line: str = "%rpc_init --workers 2 --keep 10m") -> dict:
+    out = k.execute(line)
+    assert "attached to kept group group1" in out.stdout, out.stdout
+    return out
+
+
+@pytest.mark.serial  # the attach is timed
+def test_a_restart_keeps_the_workers_and_attach_gives_the_old_value(kept):
+    k = kept.kernel()
+    start(k)
+    k.execute("%%remote worker1\nw = 42\nimport torch\nmodel = torch.nn.Linear(3, 2)")
+    before = kept.records()[0]
+    listed = k.execute("%rpc_groups").stdout
+    assert "group1" in listed and "worker1, worker2" in listed and f"kernel-{k.pid}" in listed
+    kept.restart(k)
+    assert all(pid_alive(p) for p in before["workers"].values())
+    t0 = time.monotonic()
+    out = k.execute("%rpc_init --attach")
+    assert time.monotonic() - t0 < 5
+    assert "attached to kept group group1" in out.stdout and "not kept from the kernel" in out.stdout
+    assert k.execute("%%remote worker1 --fetch\nw").text == "42"
+    assert k.execute("%%remote worker1 --fetch\ntuple(model.weight.shape)").text == "(2, 3)"
+    # the keeper runs no cells: --all is the workers
+    assert sorted(k.value("sorted(__import__('rpcnb').run(None, '1', fetch=True))")) == \
+        ["worker1", "worker2"]
+    # the keeper's record (written each second) names the kernel attached now
+    assert wait_until(lambda: kept.records()[0]["attached"] == f"kernel-{k.pid}", 5)
+    assert kept.records()[0]["workers"] == before["workers"]
+    # %rpc_shutdown in the attached kernel ends the kept group: nothing is left
+    k.execute("%rpc_shutdown")
+    assert wait_until(lambda: not any(pid_alive(p) for p in [before["pid"],
+                                                             *before["workers"].values()]), 15)
+    assert kept.records() == [] and not shm.leftovers(before["group_id"])
+    assert not Path(before["folder"]).exists()
+    assert "No kept groups" in k.execute("%rpc_groups").stdout
+
+
+def test_restart_now_and_a_killed_kernel_keep_the_group(kept):
+    k = kept.kernel()
+    start(k)
+    k.execute("%%remote worker2\ncounter = 1")
+    kept.restart(k, now=True)
+    k.execute("%rpc_init --attach group1")
+    assert k.execute("%%remote worker2 --fetch\ncounter += 1\ncounter").text == "2"
+    # SIGKILL of the kernel (out of memory, say): the group goes on; a new kernel attaches
+    kept.note(k)
+    os.kill(k.pid, signal.SIGKILL)
+    assert wait_until(lambda: not pid_alive(k.pid), 10)
+    assert wait_until(lambda: kept.records()[0]["attached"] == "", 15)  # the keeper noticed
+    k2 = kept.kernel()
+    k2.execute("%rpc_init --attach")
+    assert k2.execute("%%remote worker2 --fetch\ncounter").text == "2"
+
+
+def test_a_background_loop_goes_on_through_a_restart(kept):
+    k = kept.kernel()
+    start(k)
+    k.execute("%%remote worker1 --bg\nimport time\nresult = None\n"
+              "for step in range(60):\n    time.sleep(0.1)\nresult = 'trained'")
+    assert wait_until(lambda: k.execute("%%remote worker2 --fetch\n1").text == "1", 5)
+    kept.restart(k)
+    out = k.execute("%rpc_init --attach")
+    assert "worker1 runs" in out.stdout, out.stdout  # busy, said on attach
+    # it went on meanwhile: its step moves, and its result is there once it ends
+    assert wait_until(lambda: k.execute("%%remote worker1 --fetch\nresult",
+                                        timeout=60).text == "'trained'", 30)
+    assert k.execute("%%remote worker1 --fetch\nstep").text == "59"
+
+
+def test_an_idle_kept_group_ends_by_itself_and_leaves_nothing(kept):
+    k = kept.kernel()
+    start(k, "%rpc_init --workers 1 --keep 2s")
+    rec = kept.records()[0]
+    kept.note(k)
+    k.km.shutdown_kernel(now=True)  # the notebook closed
+    kept.kernels.remove(k)
+    gone = [rec["pid"], *rec["workers"].values()]
+    assert wait_until(lambda: not any(pid_alive(p) for p in gone), 20)
+    assert kept.records() == [] and not shm.leftovers(rec["group_id"])
+    assert not Path(rec["folder"]).exists()
+
+
+def test_two_kernels_cannot_drive_one_group(kept):
+    k = kept.kernel()
+    start(k)
+    other = kept.kernel()
+    out = other.execute("%rpc_init --attach", allow_error=True)
+    assert f"has a kernel attached already: kernel-{k.pid}" in out.traceback, out.traceback
+    # the first one still drives it
+    assert k.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
+
+
+def test_a_worker_that_died_meanwhile_is_said_dead_on_attach(kept):
+    k = kept.kernel()
+    start(k)
+    rec = kept.records()[0]
+    kept.restart(k)
+    os.kill(rec["workers"]["worker2"], signal.SIGKILL)
+    assert wait_until(lambda: "worker2" in kept.records()[0]["dead"], 15)
+    out = k.execute("%rpc_init --attach")
+    assert "worker2 died while no kernel was attached" in out.stdout, out.stdout
+    assert k.execute("%%remote worker1 --fetch\n1 + 1").text == "2"
+
+
+def test_kept_flags_say_what_to_do(kept):
+    k = kept.kernel()
+    out = k.execute("%rpc_init --keep", allow_error=True)
+    assert "give --workers N" in out.stderr
+    out = k.execute("%rpc_init --workers 1 --keep soon", allow_error=True)
+    assert "--keep takes how long" in out.stderr
+    out = k.execute("%rpc_init --attach", allow_error=True)
+    assert "There is no kept group to attach to" in out.stderr
+    out = k.execute("%rpc_shutdown --group nothere", allow_error=True)
+    assert "There is no kept group 'nothere'" in out.stderr
