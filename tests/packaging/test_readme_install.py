@@ -45,6 +45,9 @@ def test_the_install_section_says_what_a_user_needs():
 pytestmark = pytest.mark.xdist_group("packaging")  # with test_wheel: its wheel, built once
 
 
+# pip installs torch, JupyterLab and the rest into a fresh venv: 180-200 s on two quiet
+# cores, more while the other test workers run
+@pytest.mark.timeout(600)
 def test_the_install_section_works_in_a_fresh_venv(tmp_path, tmp_path_factory):
     if os.environ.get("RPCNB_SKIP_INSTALL_TEST") == "1":
         pytest.skip("RPCNB_SKIP_INSTALL_TEST=1")
