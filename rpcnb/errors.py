@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from rpcnb import doclinks
+from rpcnb import docs
 
 NOT_INITIALIZED = "This process is not in an RPC group yet: run %rpc_init (or rpcnb.init()) first."
 ALREADY_INITIALIZED = (
@@ -256,7 +256,7 @@ NO_ENGINES = "The ipyparallel cluster has no engines to make members: start some
 ENGINES_ELSEWHERE = (
     "Engines run on other hosts ({hosts}), which cannot reach a group that meets on this "
     "host only: add --port PORT --host ADDRESS --allow-remote with an address of this "
-    "host on the network they share (see " + doclinks.ref("clusters") + ")."
+    "host on the network they share (see " + docs.ref("clusters") + ")."
 )
 ENGINE_FAILED = "Engine {engine} could not join the group as {name}: {reason}"
 ENGINE_TIMEOUT = "Engine {engine} did not join the group as {name} within {timeout:g} s."

@@ -30,10 +30,10 @@ class UnsupportedPlatform(ImportError):
 def check_platform(platform: str) -> None:
     """Refuse, in one sentence, a platform other than Linux (``sys.platform``)."""
     if not platform.startswith("linux"):
-        from rpcnb import doclinks
+        from rpcnb import docs
 
         raise UnsupportedPlatform(UNSUPPORTED.format(platform=platform,
-                                                     where=doclinks.ref("getting-started", "platforms")))
+                                                     where=docs.ref("getting-started", "platforms")))
 
 
 BAD_HOST = "--host {host!r} is not an IP address of this machine: {reason}."

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import text
+from rpcnb import settings, text
 
 LARGE_TRANSFER = 100 << 20  # bytes from which --push/--fetch show progress
 # ... to or from a member on another host: 80 ms at 100 MB/s, seconds over a slow link
@@ -208,7 +208,7 @@ class Ticker:
         # the clock's thread shows the bar in the context of the code that started the
         # transfer: the cell a notebook shows it in (ipykernel keeps it in a contextvar)
         self.context = contextvars.copy_context()
-        delay = float(os.environ.get(DELAY_ENV, "0.5") or 0)
+        delay = settings.number(DELAY_ENV)
         if delay <= 0:
             self._show()
             if self.line is not None and self.line._handle is not None:

@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rpcnb import settings
+
 CAPACITY = 8192
 
 
@@ -121,13 +123,17 @@ _ENV: Any = getattr(os.environ, "_data", None)
 if _ENV is not None:
     _ENV_KEY = os.environ.encodekey(TIMING_ENV)  # type: ignore[attr-defined]
     _ENV_OFF = {os.environ.encodevalue(v) for v in ("", "0")}  # type: ignore[attr-defined]
+    _ENV_ON = os.environ.encodevalue("1")  # type: ignore[attr-defined]
 
 
 def _timing_env() -> bool:
     if _ENV is None:
-        return os.environ.get(TIMING_ENV, "") not in ("", "0")
+        return settings.flag(TIMING_ENV)
     value = _ENV.get(_ENV_KEY)
-    return value is not None and value not in _ENV_OFF
+    if value is None or value in _ENV_OFF:
+        return False
+    # "1" at once; any other value as rpcnb.settings reads it (an error names a bad one)
+    return value == _ENV_ON or settings.flag(TIMING_ENV)
 
 
 def subscribe(listener: Any) -> None:

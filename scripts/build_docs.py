@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import magic_flags
+import settings_table
 from tutorials import EXECUTED, execute, sources, stale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +59,9 @@ def stage(src: Path, notebooks: list[Path]) -> None:
     if magic_flags.write(src / "magics.md"):
         print("docs: docs/magics.md's flag tables differ from the parsers (the site gets the "
               "parsers'); `python scripts/magic_flags.py` rewrites them", flush=True)
+    if settings_table.write(src / "settings.md"):
+        print("docs: docs/settings.md's variables differ from rpcnb.settings (the site gets "
+              "rpcnb.settings'); `python scripts/settings_table.py` rewrites them", flush=True)
     (src / "tutorials").mkdir(exist_ok=True)
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rpcnb import settings
+
 PROFILE_ROWS = 12  # operators in a --profile table
 
 
@@ -45,7 +47,7 @@ _profiled = itertools.count(1)
 def folder() -> Path:
     """Where ``--profile`` writes its traces (``$RPCNB_PROFILE_DIR``, else
     ``./rpcnb-profiles``)."""
-    return Path(os.environ.get("RPCNB_PROFILE_DIR") or PROFILES).absolute()
+    return Path(settings.text("RPCNB_PROFILE_DIR") or PROFILES).absolute()
 
 
 def show(found: dict[str, dict[str, Any]]) -> list[Path]:

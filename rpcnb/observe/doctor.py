@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rpcnb import doclinks, machine, text
+from rpcnb import docs, machine, text
 from rpcnb.session import protocol, roster, state
 
 SMALL_SHM = 1 << 30  # below 1 GiB of /dev/shm, large tensors fall back or fail
@@ -159,12 +159,12 @@ def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
         out.append(Finding("all", "versions", "ok" if tested else "note",
                            f"torch {torch_v} ({git[:8]}), python {py}",
                            "" if tested else f"rpcnb was tested with torch {TESTED_TORCH}: "
-                           "see " + doclinks.ref("getting-started", "platforms")))
+                           "see " + docs.ref("getting-started", "platforms")))
     platforms = {r.get("platform", "") for r in reports.values()} - {""}
     if platforms:
         out.append(Finding("all", "platform", "ok", ", ".join(sorted(platforms)) +
                            " (rpcnb runs on Linux only: " +
-                           doclinks.ref("getting-started", "platforms") + ")"))
+                           docs.ref("getting-started", "platforms") + ")"))
     return out
 
 
@@ -200,7 +200,7 @@ def leader_findings(s: state.Session) -> list[Finding]:
         else:
             out.append(Finding(s.name, "ports", "note", f"the group meets on {where}",
                                "other hosts reach it there: keep that network private "
-                               f"({doclinks.ref('security')}); traffic is not encrypted"))
+                               f"({docs.ref('security')}); traffic is not encrypted"))
     else:
         out.append(Finding(s.name, "ports", "ok", "the group meets through a private file "
                            "(no network port for the store)"))

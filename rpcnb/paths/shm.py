@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rpcnb import text
+from rpcnb import settings, text
 from rpcnb.machine import SHM_DIR, give_back_memory, shm_free_bytes
 
 HEADER = 4096  # one page: byte 0 is the buffer's state; data starts page-aligned
@@ -62,10 +62,10 @@ class _Local(threading.local):
 
 _local = _Local()
 THREAD = _local  # read by rpcnb.paths.serialize for each message with tensors: .taken
-_enabled = os.environ.get("RPCNB_SHM", "1").lower() not in ("0", "false", "no", "off")
-THRESHOLD = int(os.environ.get("RPCNB_SHM_THRESHOLD", DEFAULT_THRESHOLD))
-_pool_limit = int(os.environ.get("RPCNB_SHM_POOL_BYTES", DEFAULT_POOL_BYTES))
-_idle = float(os.environ.get("RPCNB_SHM_IDLE_S", 30))
+_enabled = settings.flag("RPCNB_SHM")
+THRESHOLD = settings.number("RPCNB_SHM_THRESHOLD")
+_pool_limit = settings.number("RPCNB_SHM_POOL_BYTES")
+_idle = settings.number("RPCNB_SHM_IDLE_S")
 RESERVE = 16 << 20  # /dev/shm left for everything else when rpcnb makes a buffer
 _group: str | None = None  # set while this process is in a single-host group
 _stats = {"sent": 0, "sent_bytes": 0, "received": 0, "fallbacks": 0, "trimmed": 0}

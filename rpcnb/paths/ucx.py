@@ -35,7 +35,7 @@ import time
 import weakref
 from typing import Any
 
-from rpcnb import errors, telemetry, text
+from rpcnb import errors, settings, telemetry, text
 from rpcnb.paths import shm
 from rpcnb.session import state
 from rpcnb.wire import limits, options
@@ -49,12 +49,12 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name 
 
 DEFAULT_TCP_THRESHOLD = 32 << 20  # where UCX over TCP overtakes TensorPipe (docs/ucx.md)
 
-THRESHOLD = int(os.environ.get("RPCNB_UCX_THRESHOLD", DEFAULT_THRESHOLD))
+THRESHOLD = settings.number("RPCNB_UCX_THRESHOLD")
 # to a peer that UCX reaches over TCP (known after the first transfer), and in a reply
 # when every peer so far is over TCP: below it, TensorPipe's own TCP is faster
-tcp_threshold = int(os.environ.get("RPCNB_UCX_TCP_THRESHOLD", DEFAULT_TCP_THRESHOLD))
-_pool_limit = int(os.environ.get("RPCNB_UCX_POOL_BYTES", DEFAULT_POOL_BYTES))
-_idle = float(os.environ.get("RPCNB_UCX_IDLE_S", 30))
+tcp_threshold = settings.number("RPCNB_UCX_TCP_THRESHOLD")
+_pool_limit = settings.number("RPCNB_UCX_POOL_BYTES")
+_idle = settings.number("RPCNB_UCX_IDLE_S")
 _lock = threading.RLock()  # one worker, driven from several threads: one at a time
 _api: Any = None  # ucxx._lib.libucxx, once loaded
 _array: Any = None  # ucxx._lib.arr.Array

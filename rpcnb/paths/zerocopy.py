@@ -37,14 +37,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rpcnb import errors, telemetry
+from rpcnb import errors, settings, telemetry
 from rpcnb.paths import shm
 from rpcnb.session import state
 
 CHANNEL = "zero_copy"  # the path's name in telemetry, the channel monitor and %rpc_channels
-HOLD_S = float(os.environ.get("RPCNB_ZERO_COPY_HOLD_S", 30))
+HOLD_S = settings.number("RPCNB_ZERO_COPY_HOLD_S")
 
-_env_on = os.environ.get("RPCNB_ZERO_COPY", "1").lower() not in ("0", "false", "no", "off")
+_env_on = settings.flag("RPCNB_ZERO_COPY")
 
 
 class _Local(threading.local):

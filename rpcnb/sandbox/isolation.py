@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpcnb import doclinks
+from rpcnb import docs, settings
 
 # What the launcher did, for this process and everything it starts (JSON): either
 # {"isolated": true, "net": "net:[...]", "holder": PID} or {"isolated": false, "why": "..."}.
@@ -75,7 +75,7 @@ NO_USERNS = "this Linux kernel has no user or network namespaces (CONFIG_USER_NS
 FAILED = "creating a private network namespace failed: {error}"
 NOTICE = (
     "Note: this group's ports are open to every user of this machine, because {why}. "
-    "See " + doclinks.ref("security") + "."
+    "See " + docs.ref("security") + "."
 )
 RUNTIME_NOT_PRIVATE = (
     "{path} is not a private directory of yours ({detail}): remove it, or set "
@@ -122,8 +122,8 @@ def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
     ``$RPCNB_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/rpcnb``, else ``/tmp/rpcnb-run-<uid>``.
     Created with mode 0700; one that another user owns or can enter raises RuntimeError."""
     env = os.environ if env is None else env
-    if env.get(RUNTIME_ENV):
-        path = Path(env[RUNTIME_ENV])
+    if settings.text(RUNTIME_ENV, env):
+        path = Path(settings.text(RUNTIME_ENV, env))
     elif env.get("XDG_RUNTIME_DIR"):
         path = Path(env["XDG_RUNTIME_DIR"]) / "rpcnb"
     else:
@@ -148,8 +148,8 @@ def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
 
 def _record() -> dict[str, Any] | None:
     try:
-        record = json.loads(os.environ[ENV])
-    except (KeyError, ValueError):
+        record = json.loads(settings.text(ENV) or "null")
+    except ValueError:
         return None
     return record if isinstance(record, dict) else None
 

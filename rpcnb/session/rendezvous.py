@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpcnb import doclinks, errors
+from rpcnb import docs, errors
 from rpcnb.errors import RpcnbError
 from rpcnb.machine import BAD_HOST
 
@@ -67,7 +67,7 @@ OTHER_PROTOCOL = (
 REMOTE_EXPOSES = (
     "rpcnb: the group listens on {host} (store port {port}, TensorPipe on {iface}). Anyone "
     "who reaches that address can connect to TensorPipe and run code: use it on a private "
-    "network only. Joins and rpcnb requests need the token; see " + doclinks.ref("security") + "."
+    "network only. Joins and rpcnb requests need the token; see " + docs.ref("security") + "."
 )
 
 

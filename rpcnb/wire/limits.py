@@ -14,13 +14,11 @@ Nothing here talks to other members or imports torch.
 
 from __future__ import annotations
 
-import os
+from rpcnb import settings
 
 MIN_RATE_ENV = "RPCNB_MIN_RATE"  # bytes per second a payload's time limit assumes
-DEFAULT_MIN_RATE = float(1 << 20)  # 1 MB/s
+DEFAULT_MIN_RATE = float(settings.SETTINGS[MIN_RATE_ENV].default)  # 1 MB/s
 GROW_FROM = 1 << 20  # bytes from which a plain call's limit grows (1 s at the floor rate)
-BAD_RATE = ("RPCNB_MIN_RATE={value!r} is not a rate: write bytes per second above 0 "
-            "(e.g. 1e6); using {default:g}.")
 
 _rate: float | None = None
 
@@ -29,17 +27,7 @@ def floor_rate() -> float:
     """Bytes per second every payload is assumed to reach at least (``RPCNB_MIN_RATE``)."""
     global _rate
     if _rate is None:
-        raw = os.environ.get(MIN_RATE_ENV, "")
-        try:
-            rate = float(raw) if raw else DEFAULT_MIN_RATE
-            if not rate > 0:
-                raise ValueError(raw)
-        except ValueError:
-            import warnings
-
-            warnings.warn(BAD_RATE.format(value=raw, default=DEFAULT_MIN_RATE), stacklevel=2)
-            rate = DEFAULT_MIN_RATE
-        _rate = rate
+        _rate = float(settings.number(MIN_RATE_ENV))
     return _rate
 
 

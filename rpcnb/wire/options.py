@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rpcnb import errors
+from rpcnb import errors, settings
 
 DEFAULT_THREADS = 16
 DEFAULT_TRANSPORTS = ["uv"]
@@ -286,8 +286,7 @@ def ucx_option(flag: bool | None = None, check: bool = True) -> bool:
     ``RPCNB_UCX`` asks for it; with ``check``, RpcnbError with UCX_MISSING when it is on
     and ucxx is not installed (imports nothing: the kernel asks before it starts
     anything, the warm launcher included)."""
-    on = bool(flag) if flag is not None else (
-        os.environ.get(UCX_ENV, "").lower() in ("1", "true", "yes", "on"))
+    on = bool(flag) if flag is not None else settings.flag(UCX_ENV)
     if on and check:
         try:
             found = importlib.util.find_spec("ucxx") is not None

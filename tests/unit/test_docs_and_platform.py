@@ -9,7 +9,7 @@ import pytest
 import tomllib
 
 import rpcnb
-from rpcnb import doclinks, errors, machine
+from rpcnb import docs, errors, machine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,10 +20,10 @@ def test_messages_name_a_url_and_a_command_not_a_repository_path():
     import rpcnb.session.rendezvous as rendezvous
 
     for text in (errors.ENGINES_ELSEWHERE, isolation.NOTICE, rendezvous.REMOTE_EXPOSES):
-        assert "docs/" not in text.replace(doclinks.SITE, ""), text
-        assert doclinks.SITE in text and "python -m rpcnb.docs " in text, text
+        assert "docs/" not in text.replace(docs.SITE, ""), text
+        assert docs.SITE in text and "python -m rpcnb.docs " in text, text
     urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
-    assert urls["Documentation"] == doclinks.SITE
+    assert urls["Documentation"] == docs.SITE
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32", "cygwin"])
@@ -33,7 +33,7 @@ def test_other_platforms_get_one_clear_sentence(platform):
     assert isinstance(err.value, ImportError)
     said = str(err.value)
     assert f"runs on Linux only, and this is {platform!r}" in said
-    assert "WSL 2" in said and doclinks.url("getting-started", "platforms") in said
+    assert "WSL 2" in said and docs.url("getting-started", "platforms") in said
     machine.check_platform("linux")  # and Linux passes
 
 

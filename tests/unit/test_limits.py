@@ -32,11 +32,11 @@ def test_a_limit_grows_with_the_bytes(rate):
     assert limits.grown(5, 24_000_000) == 17
 
 
-def test_a_bad_rate_falls_back_with_a_warning(rate):
-    with pytest.warns(UserWarning, match="RPCNB_MIN_RATE"):
-        assert rate("fast") == limits.DEFAULT_MIN_RATE
-    with pytest.warns(UserWarning):
-        assert rate("0") == limits.DEFAULT_MIN_RATE
+def test_a_bad_rate_is_an_error_naming_the_variable(rate):
+    with pytest.raises(ValueError, match="RPCNB_MIN_RATE='fast' is not a number"):
+        rate("fast")
+    with pytest.raises(ValueError, match="RPCNB_MIN_RATE='0'"):
+        rate("0")
 
 
 def test_an_output_batch_is_sized():

@@ -1,15 +1,16 @@
 """rpcnb's documentation, where a message points to it: the page's URL on the published
 site, and a command that prints the page from the installed package, which works offline
-(``python -m rpcnb.docs security``, ``rpcnb.docs``). The pages travel in the wheel
-(``rpcnb/_docs``); in a clone they are read from ``docs/``.
+(``python -m rpcnb.docs [PAGE]``: print a page, or list them). The pages travel in the
+wheel (``rpcnb/_docs``); in a clone they are read from ``docs/``.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 SITE = "https://rpcnb.readthedocs.io/en/latest/"  # pyproject.toml's Documentation URL
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # the rpcnb package
 UNKNOWN = "rpcnb.docs: there is no page {page!r}; the pages are: {pages}."
 
 
@@ -43,3 +44,18 @@ def text(page: str) -> str:
     if path is None or not path.is_file():
         raise ValueError(UNKNOWN.format(page=page, pages=", ".join(pages()) or "none found"))
     return path.read_text()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a page, or list them; 2 for a page there is not."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m rpcnb.docs PAGE   (prints a page of rpcnb's documentation)\n"
+              f"pages: {', '.join(pages())}\nonline: {SITE}")
+        return 0
+    try:
+        print(text(args[0]))
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return 0
