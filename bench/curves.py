@@ -1,8 +1,8 @@
 """Curves, not points (issue 14, item 4): one-way time against size for each path, and
 init time against the number of workers; fan-out against workers comes from benchmark 3.
 
-A bench module contributes to ``make bench`` (``bench.run``) and to the generated part of
-docs/benchmarks.md (``bench.report``) by offering, at module level:
+A bench module contributes to ``make bench`` (``bench.run``) and to its tables and figures
+(``bench.report``: the PNGs on docs/benchmarks.md) by offering, at module level:
 
 - ``SECTION``: its key in the JSON's ``results``;
 - ``measure(ctx) -> dict``: runs it (``ctx`` is ``bench.run.Context``: the settings,

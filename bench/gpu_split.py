@@ -5,8 +5,8 @@ of ``bench/gpu.py`` split into its parts, in turns in one run (15 turns, medians
 
 Rows: raw ``rpc_sync`` of an identity function (the tensor there and back) and of a
 function that returns None (one way); ``rpcnb.run`` with ``push`` only, with ``fetch``
-only (of a tensor already on the worker), with both, and a no-op. The figures measured on
-one H100 are in docs/benchmarks.md ("On a GPU machine").
+only (of a tensor already on the worker), with both, and a no-op. It writes no JSON: the
+figures measured on one H100 are in the git history of docs/benchmarks.md.
 """
 
 from __future__ import annotations

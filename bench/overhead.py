@@ -27,7 +27,8 @@ against another of these takes turns with it (ABBA), and each turn's ratio is ke
 Targets are in ``TARGETS``; the JSON has every figure and whether each target was met.
 
 A bench module for ``bench.run`` / ``bench.report`` too (``SECTION``, ``measure``,
-``report``: see ``bench.curves``), so ``make bench`` runs it and docs/benchmarks.md shows it.
+``report``: see ``bench.curves``), so ``make bench`` runs it; docs/benchmarks.md's table shows
+rows of both runs (``scripts/bench_table.py``).
 """
 
 from __future__ import annotations
@@ -401,9 +402,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
     args = ap.parse_args(argv)
+    from importlib.metadata import PackageNotFoundError, version
+
+    from bench.run import machine  # the machine's facts, as make bench's JSON has them
+
+    info = machine()
+    try:
+        info["ray"] = version("ray")
+    except PackageNotFoundError:
+        info["ray"] = None
     t0 = time.monotonic()
     result = measure_turns(args.calls, args.turns)
     result["seconds"] = round(time.monotonic() - t0, 1)
+    info["loadavg_end"] = list(os.getloadavg())
+    result["machine"] = info  # docs/benchmarks.md's table names it (scripts/bench_table.py)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))

@@ -1,7 +1,7 @@
 """The tables and goals of ``bench.run``'s own benchmarks (1 to 4: round trip, one-way
 tensor, fan-out, start-up), computed from the run's results alone, and the list of bench
 modules that add sections of their own. ``bench.run`` prints them after a run;
-``bench.report`` puts them on docs/benchmarks.md from the JSON."""
+``bench.report --doc PAGE`` writes them into a page from the JSON."""
 
 from __future__ import annotations
 

@@ -450,7 +450,7 @@ def shutdown(timeout: float = 10.0) -> None:
     if s.is_leader:
         leave.shutdown_group(s, timeout)
     else:
-        leave.leave_group(timeout)
+        leave.leave_group(timeout, tell=True)
     if kept_group and not s.is_leader:  # a kept group's driver ends the group itself
         from rpcnb.membership import kept
 

@@ -39,6 +39,10 @@ JOIN_NOT_FOUND = (
 )
 WORKER_DIED = "Worker {name!r} died ({how}); its namespace is lost. The rest of the group keeps working."
 WORKER_LEFT = "Worker {name!r} has left the group; start a new worker under a new name."
+# torch's rpc.api._all_gather, _barrier, _wait_all_workers (rpcnb.wire._gather)
+GATHER_GONE = ("torch's rpc.api.{what} across {names} cannot finish (call it again with the "
+               "members there are now: %rpc_workers): {said}")
+NOT_A_MEMBER = "{name!r} is not a member of the group now (its members: {known})."
 WORKER_UNREACHABLE = (
     "Worker {name!r} on {host} is unreachable since {since} ({ago:.0f} s): nothing from its "
     "host arrives, not even TCP acknowledgements, so the network between here and there is "
@@ -87,6 +91,14 @@ KEPT_NOT_KEPT = (
     "workers, under the names the cells gave them), its notebook variables (what it "
     "--push'ed stays on the workers), and its background cells' handles (%rpc_workers "
     "shows what still runs). %rpc_shutdown ends the kept group; leaving the kernel keeps it."
+)
+KEPT_IDLE_TODO = (
+    "it holds its workers' memory while no kernel drives it: %rpc_init --attach {group} "
+    "drives it again, %rpc_shutdown --group {group} ends it"
+)
+KEPT_DEAD_TODO = (
+    "a dead worker's namespace is lost and a kept group cannot restart it: go on with the "
+    "others, or end the group (%rpc_shutdown --group {group}) and start a new one"
 )
 INPUT_NOBODY = "Input was asked for on {worker}, but nobody can answer: {why}"
 INPUT_NO_CELL = (

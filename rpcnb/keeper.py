@@ -5,9 +5,11 @@ process of its own that outlives the kernel which asked for it
 It starts the group as its leader (``rpcnb.init``: the rendezvous, the workers, the death
 watcher) under the name ``keeper`` and runs no cells of its own. Every second it writes
 its record: the workers and their pids, the dead ones, the kernel attached (a member of
-kind ``kernel``), since when none is. When none has been attached for its idle limit, or
-on SIGTERM (``%rpc_shutdown``), it ends the group (every worker leaves or is stopped, its
-shared memory and folders go) and removes its record.
+kind ``kernel``), since when none is; every 10 s, what the workers say of their memory
+(GPU memory included: only a process itself knows what its CUDA allocator holds). When
+none has been attached for its idle limit, or on SIGTERM (``%rpc_shutdown``), it ends the
+group (every worker leaves or is stopped, its shared memory and folders go) and removes
+its record.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 from typing import Any
 
 POLL_S = 1.0  # seconds between two looks at who is attached
+MEMORY_EVERY = 10.0  # seconds between asking the workers for their memory (%rpc_groups)
+ASK_S = 3.0  # how long a worker gets to say it
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,9 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     rec.group_id, rec.folder = str(s.group_id), str(s.group_dir or "")
     rec.idle_since = time.time()
     print(f"rpcnb.keeper: group {args.group} up: {rec.connection}", flush=True)
+    asked = 0.0
     try:
         while not stop.is_set():
             _note(s, rec)
+            if time.monotonic() - asked > MEMORY_EVERY:
+                _memory(s, rec)
+                asked = time.monotonic()
             kept.write(rec)
             if rec.idle_since is not None and time.time() - rec.idle_since > args.keep:
                 print(f"rpcnb.keeper: no kernel attached for {args.keep:g} s: ending "
@@ -97,6 +105,30 @@ def _note(s: Any, rec: Any) -> None:
         if rec.attached or rec.idle_since is None:
             rec.idle_since = time.time()
         rec.attached, rec.attached_pid = "", 0
+
+
+def _memory(s: Any, rec: Any) -> None:
+    """What each live worker says of its memory (``describe_self``'s: rss, shm and each
+    CUDA device's, as %rpc_workers shows it), and the keeper's own rss. A worker that
+    does not answer in time keeps what it said last."""
+    from rpcnb.membership.kept import KEEPER
+    from rpcnb.procs.processes import rss_bytes
+    from rpcnb.session import protocol
+
+    futs = {}
+    for name in rec.workers:
+        try:
+            futs[name] = protocol.call_async(s.token, name, "describe_self", timeout=ASK_S)
+        except Exception:
+            pass
+    memory = {n: m for n, m in rec.memory.items() if n in rec.workers}
+    for name, fut in futs.items():
+        try:
+            memory[name] = dict(fut.wait().get("memory") or {})
+        except Exception:
+            continue
+    memory[KEEPER] = {"rss": rss_bytes()}
+    rec.memory = memory
 
 
 if __name__ == "__main__":

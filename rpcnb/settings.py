@@ -136,3 +136,21 @@ def set_now(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def unknown(env: Mapping[str, str] | None = None) -> list[str]:
     """``RPCNB_*`` variables set that rpcnb does not read (a typo, an old name)."""
     return [k for k in set_now(env) if k not in SETTINGS]
+
+
+def problems(env: Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with the ``RPCNB_*`` variables set: a value rpcnb cannot read (the
+    error it would raise), a name it does not read (a typo, an old name)."""
+    env = os.environ if env is None else env
+    found = [f"{k} is not a variable rpcnb reads (see docs/settings.md)" for k in unknown(env)]
+    for name, s in SETTINGS.items():
+        if name not in env:
+            continue
+        try:
+            if s.kind == "flag":
+                flag(name, env)
+            elif s.kind in ("int", "float"):
+                number(name, env)
+        except ValueError as exc:
+            found.append(str(exc))
+    return found

@@ -12,8 +12,10 @@
    ``tutorials/``. A notebook's links to
    ``../docs/X.md`` become ``../X.md``, where the site has those pages. The staged
    ``magics.md`` gets its flag tables from the magics' parsers (``scripts/magic_flags.py``),
-   so the site lists the flags the code has; where the committed page differs, the build
-   says so (``tests/unit/test_docs_flags.py`` fails on it).
+   so the site lists the flags the code has, and the staged ``benchmarks.md`` its table from
+   the bench JSON files (``scripts/bench_table.py``); where a committed page differs, the
+   build says so (``tests/unit/test_docs_flags.py`` and ``tests/unit/test_bench_table.py``
+   fail on it).
 3. Runs ``sphinx-build -W --keep-going -E`` on the staged tree into ``<build>/html``.
    myst-nb renders the notebooks as they are (``nb_execution_mode = "off"`` in conf.py).
 
@@ -31,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_table
 import magic_flags
 import settings_table
 from tutorials import EXECUTED, execute, sources, stale
@@ -48,8 +51,8 @@ def site_links(text: str) -> str:
 
 
 def stage(src: Path, notebooks: list[Path]) -> None:
-    """docs/ without its build output, its flag tables from the parsers, and the notebooks
-    under tutorials/."""
+    """docs/ without its build output, its flag tables from the parsers, the benchmark table
+    from the JSON files, and the notebooks under tutorials/."""
     import nbformat
 
     if src.exists():
@@ -59,6 +62,9 @@ def stage(src: Path, notebooks: list[Path]) -> None:
     if magic_flags.write(src / "magics.md"):
         print("docs: docs/magics.md's flag tables differ from the parsers (the site gets the "
               "parsers'); `python scripts/magic_flags.py` rewrites them", flush=True)
+    if bench_table.write(src / "benchmarks.md"):
+        print("docs: docs/benchmarks.md's table differs from the bench JSON files (the site gets "
+              "the JSON's); `python scripts/bench_table.py` rewrites it", flush=True)
     if settings_table.write(src / "settings.md"):
         print("docs: docs/settings.md's variables differ from rpcnb.settings (the site gets "
               "rpcnb.settings'); `python scripts/settings_table.py` rewrites them", flush=True)

@@ -75,6 +75,18 @@ export interface IGpuMemory {
   total: number | null;
 }
 
+/** Devices' memory, per device "cuda:0 1.2 GB alloc / 2.0 GB reserved / 79.6 GB", as
+ * %rpc_workers writes it. */
+export function gpuText(gpus: IGpuMemory[]): string {
+  return gpus
+    .map(
+      g =>
+        `${g.device} ${bytes(g.allocated)} alloc / ${bytes(g.reserved)} reserved / ` +
+        (g.total === null ? 'CUDA not initialised' : bytes(g.total))
+    )
+    .join('; ');
+}
+
 /** A member's devices with their memory: "no GPU", or per device "cuda:0 1.2 GB alloc /
  * 2.0 GB reserved / 79.6 GB". */
 export function devicesText(m: IMember): string {
@@ -85,13 +97,105 @@ export function devicesText(m: IMember): string {
   if (!gpus) {
     return m.devices.join(', ');
   }
-  return gpus
-    .map(
-      g =>
-        `${g.device} ${bytes(g.allocated)} alloc / ${bytes(g.reserved)} reserved / ` +
-        (g.total === null ? 'CUDA not initialised' : bytes(g.total))
-    )
-    .join('; ');
+  return gpuText(gpus);
+}
+
+/** One kept group of the user's (%rpc_init --keep; rpcnb/membership/kept.py's
+ * ``describe``): its workers outlive the kernel that started them. */
+export interface IKept {
+  name: string;
+  /** the keeper's pid */
+  pid: number;
+  /** its live workers */
+  workers: string[];
+  /** the workers that died, and how */
+  dead: { [worker: string]: string };
+  /** when it started, in seconds since the epoch */
+  since: number;
+  /** the kernel attached ("kernel-PID"), "" for none */
+  attached: string;
+  /** since when no kernel has been attached (null while one is) */
+  idle_since: number | null;
+  /** its idle limit: it ends by itself after this many seconds without a kernel */
+  keep_s: number;
+  /** its keeper's and workers' resident memory, in bytes (null until the keeper asked) */
+  memory: number | null;
+  /** each live worker's CUDA memory, empty without a GPU (null until the keeper asked) */
+  gpu: { [worker: string]: IGpuMemory[] } | null;
+  /** this kernel is the one attached */
+  mine: boolean;
+}
+
+/** A kept group's GPU memory: "no GPU", or each worker's devices ("worker1 cuda:0 ...");
+ * "" until its keeper asked. */
+export function keptGpuText(k: IKept): string {
+  if (!k.gpu) {
+    return '';
+  }
+  const used = Object.entries(k.gpu).filter(([, gpus]) => gpus.length);
+  if (!used.length) {
+    return 'no GPU';
+  }
+  return used.map(([w, gpus]) => `${w} ${gpuText(gpus)}`).join('; ');
+}
+
+/** The lines under a kept group's name, at the kernel's time ``now``: its workers, the
+ * kernel attached or since when none is (of its idle limit), since when it runs and its
+ * keeper, its memory. */
+export function keptLines(k: IKept, now: number): string[] {
+  const dead = Object.keys(k.dead);
+  const workers =
+    `workers: ${k.workers.join(', ') || 'none'}` +
+    (dead.length ? ` (dead: ${dead.join(', ')})` : '');
+  let kernel: string;
+  if (k.attached) {
+    kernel = `attached: ${k.attached}${k.mine ? ' (this kernel)' : ''}`;
+  } else {
+    const since = k.idle_since ?? now;
+    kernel =
+      `no kernel attached since ${clock(since)} (${age(since, now)} of ` +
+      `${age(0, k.keep_s)})`;
+  }
+  const memory = [
+    k.memory === null ? '' : `memory ${bytes(k.memory)}`,
+    keptGpuText(k) ? `GPU: ${keptGpuText(k)}` : ''
+  ].filter(Boolean);
+  return [
+    workers,
+    kernel,
+    `since ${clock(k.since)} · keeper pid ${k.pid}`,
+    ...(memory.length ? [memory.join(' · ')] : [])
+  ];
+}
+
+/** One of a kept group's buttons in the panel. */
+export interface IKeptAction {
+  action: 'attach' | 'end';
+  label: string;
+  title: string;
+  enabled: boolean;
+}
+
+/** A kept group's buttons: attach, while this kernel is in no group (``inGroup``); end. */
+export function keptActions(k: IKept, inGroup: boolean): IKeptAction[] {
+  const end: IKeptAction = {
+    action: 'end',
+    label: 'end',
+    title: `End ${k.name}: stop its workers (their namespaces are lost) and remove what it left`,
+    enabled: true
+  };
+  if (inGroup) {
+    return [end];
+  }
+  const attach: IKeptAction = {
+    action: 'attach',
+    label: 'attach',
+    title: k.attached
+      ? `${k.attached} is attached to ${k.name}: one kernel drives a kept group at a time`
+      : `Make this kernel ${k.name}'s driver again (adds and runs %rpc_init --attach ${k.name})`,
+    enabled: !k.attached
+  };
+  return [attach, end];
 }
 
 export interface IGroup {
@@ -156,6 +260,8 @@ export interface ISnapshot {
   busy?: boolean;
   /** the actions the kernel runs only once no cell runs (rpcnb.frontend.panel) */
   waits?: string[];
+  /** the user's kept groups, also while this kernel is in none */
+  kept?: IKept[];
 }
 
 /** Where the panel's connection to the active kernel stands. */

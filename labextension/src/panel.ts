@@ -13,6 +13,8 @@ import {
   cellText,
   describe,
   ISnapshot,
+  keptActions,
+  keptLines,
   MEMBER_COLUMNS,
   MEMBER_DETAILS,
   MEMBER_SHOWN,
@@ -99,9 +101,49 @@ export class RpcPanel extends Widget {
       }
       body.append(actions);
     }
+    if (snap.kept && snap.kept.length) {
+      body.append(el('h3', '', 'Kept groups'), this.kept(snap));
+    }
     if (snap.rrefs && snap.rrefs.length) {
       body.append(el('h3', '', 'RRefs held by this kernel'), this.rrefs(snap));
     }
+  }
+
+  /** The user's kept groups (%rpc_groups), each with its lines and its buttons. */
+  private kept(snap: ISnapshot): HTMLElement {
+    const table = el('table', 'rpcnb-panel-kept');
+    for (const k of snap.kept ?? []) {
+      const row = el('tr', Object.keys(k.dead).length ? 'rpcnb-kept-dead' : '');
+      row.dataset.group = k.name;
+      row.dataset.attached = k.attached
+        ? k.mine
+          ? 'this kernel'
+          : 'yes'
+        : 'no';
+      const td = el('td');
+      td.append(el('div', 'rpcnb-member-name', k.name));
+      for (const line of keptLines(k, snap.time)) {
+        td.append(el('div', 'rpcnb-member-details', line));
+      }
+      const box = el('div', 'rpcnb-member-actions');
+      for (const b of keptActions(k, Boolean(snap.group))) {
+        const button = el('button', 'jp-Button rpcnb-panel-button', b.label);
+        button.dataset.action = b.action;
+        button.title = b.title;
+        button.disabled = !b.enabled;
+        button.onclick = () => {
+          const ask = `End kept group ${k.name}? Its workers stop, and what they hold is lost.`;
+          if (b.action !== 'end' || window.confirm(ask)) {
+            void this.run(b.action, { group: k.name });
+          }
+        };
+        box.append(button);
+      }
+      td.append(box);
+      row.append(td);
+      table.append(row);
+    }
+    return table;
   }
 
   private startForm(): HTMLElement {

@@ -230,7 +230,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_groups(self, line: str) -> None:
         """The kept groups of this user (%rpc_init --keep): workers, since when, the
-        kernel attached or for how long none is, memory."""
+        kernel attached or for how long none is, memory and GPU memory."""
         parse(self.rpc_groups, line)
         from rpcnb.membership import kept
 
@@ -311,14 +311,16 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_doctor(self, line: str) -> Any:
         """Check every member (/dev/shm, ptrace scope, container, CUDA, InfiniBand, RDMA
-        fork safety, interfaces, versions, clocks, the token's file) and say what to do."""
+        fork safety, interfaces, versions, clocks, the token's file) and the user's kept
+        groups, and say what to do."""
         return self._doctor(parse(self.rpc_doctor, line))
 
     @needs_group
     def _doctor(self, args: Any) -> Any:
+        from rpcnb.membership import kept
         from rpcnb.observe import doctor
 
-        found = doctor.check()
+        found = doctor.check() + kept.findings()  # the user's kept groups last
         if args.json:
             import json
 

@@ -4,9 +4,9 @@
 cell, and a hello to the front ends (a comm opened and closed at once, so a panel that
 follows this kernel connects now rather than at its next look). A front end opens a comm
 to the target; while one is open, a thread of this kernel pushes snapshots of the group
-(at most one a second, and only when something changed) and another runs the panel's
-actions one at a time. With no panel open nothing runs; nothing here imports torch
-before a group exists.
+and of the user's kept groups (at most one a second, and only when something changed)
+and another runs the panel's actions one at a time. With no panel open nothing runs;
+nothing here imports torch before a group exists.
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ BAD_ADD = "The number of workers to add must be a whole number from 1 to 64, not
 # Actions that change this kernel's namespace or the group's size wait until no cell runs
 # (the kernel's main thread owns both then); the others (interrupt, restart, probe, join)
 # run at once, also while a cell runs: that is when one needs them.
-WAIT_FOR_IDLE = frozenset({"start", "shutdown", "fetch", "free", "add", "open"})
+WAIT_FOR_IDLE = frozenset({"start", "shutdown", "fetch", "free", "add", "open", "attach", "end"})
 OPENS = {"channels": "%rpc_channels", "devmap": "%rpc_devmap"}
+KEPT_ENDED = "ended kept group {group}: its workers are stopped, nothing is left."
+ATTACH_ADDED = "%rpc_init --attach {group} added to the notebook"
 DEVMAP_NO_GROUP = (
     "There is no group to edit a map for: start one first, or run "
     "%rpc_devmap --topology worker0=2,worker1=2 to plan one."
@@ -229,6 +231,8 @@ class Publisher:
             self._session, self._traffic, self._traffic_data = s, None, None
             self._described.clear()
             self._dirty, self._refreshed = True, 0.0
+        if full:
+            snap["kept"] = self._kept()
         if s is None:
             if full:
                 snap["rrefs"] = self._rrefs(None)
@@ -252,6 +256,16 @@ class Publisher:
             snap["traffic"] = self._traffic_now(s)
             snap["rrefs"] = self._rrefs(s)
         return snap
+
+    def _kept(self) -> list[dict[str, Any]]:
+        """The user's kept groups (``%rpc_groups``), also while this kernel is in none: the
+        records their keepers write, so nothing is asked of any process."""
+        from rpcnb.membership import kept
+
+        try:
+            return [kept.describe(rec) for rec in kept.groups()]
+        except (OSError, RuntimeError):  # no private runtime folder: none to show
+            return []
 
     def _traffic_now(self, s: Any) -> dict[str, Any] | None:
         from rpcnb.observe.traffic import Traffic
@@ -419,6 +433,12 @@ class Publisher:
 
             line = api.group().join_line
             return {"message": f"copied: {line}", "copy": line}
+        if action == "attach":  # a cell, so that the notebook shows what attach found
+            group = self._attachable(str(data.get("group", "")))
+            return {"message": ATTACH_ADDED.format(group=group),
+                    "insert": f"%rpc_init --attach {group}"}
+        if action == "end":
+            return {"message": self._end(str(data.get("group", "")))}
         if action == "open":
             what = str(data.get("what"))
             if what not in OPENS:
@@ -433,6 +453,32 @@ class Publisher:
                 raise ValueError(errors.NOT_INITIALIZED if what == "channels" else DEVMAP_NO_GROUP)
             return {"message": f"{OPENS[what]} added to the notebook", "insert": OPENS[what]}
         raise ValueError(UNKNOWN_ACTION.format(action=action))
+
+    def _attachable(self, group: str) -> str:
+        """The kept group ``group`` (the one there is, for ""), if this kernel can attach
+        to it now: it is in no group, and no other kernel is attached there."""
+        from rpcnb.membership import kept
+
+        if state.is_initialized():
+            raise ValueError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
+        rec = kept.find(group or None)
+        kernel = kept.attached(rec)
+        if kernel:
+            raise ValueError(errors.KEPT_ATTACHED.format(
+                group=rec.name, kernel=kernel, pid=rec.attached_pid or kernel.rsplit("-", 1)[-1]))
+        return rec.name
+
+    def _end(self, group: str) -> str:
+        """End the kept group ``group``: as %rpc_shutdown where this kernel drives it, else
+        as %rpc_shutdown --group."""
+        from rpcnb import api
+
+        s = state.active()
+        if s is not None and s.options.get("kept") == group:
+            api.shutdown()
+        else:
+            api.end_group(group)
+        return KEPT_ENDED.format(group=group)
 
     def _member_action(self, action: str, name: str) -> str:
         """Restart a worker, or interrupt the remote cell it runs for this kernel."""
@@ -486,7 +532,7 @@ class Link:
 
 
 def _summary(snap: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in snap.items() if k not in ("traffic", "rrefs")}
+    return {k: v for k, v in snap.items() if k not in ("traffic", "rrefs", "kept")}
 
 
 _publisher: Publisher | None = None

@@ -168,6 +168,7 @@ def declare(s: Session, name: str, how: str) -> None:
         roster.forget(s, name)
     except Exception as exc:  # keep watching; report in the log
         print(f"rpcnb: could not remove {name} from the group: {exc}", file=sys.__stderr__)
+    roster.member_gone(s, name)
     roster.broadcast_death(s, name, how)
 
 

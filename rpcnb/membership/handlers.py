@@ -140,18 +140,26 @@ def registry(s: Session) -> list[tuple[str, int]]:
 
 
 def member_died(s: Session, name: str, how: str) -> None:
-    """The leader says ``name`` died."""
+    """The leader says ``name`` died (or ``name`` says it leaves: ``how`` is "left")."""
     s.mark_dead(name, how)
+    roster.member_gone(s, name)
+
+
+def member_joined(s: Session, name: str, rank: int) -> None:
+    """The leader admitted ``name``."""
+    roster.learn_member(s, str(name), int(rank))
 
 
 def member_back(s: Session, name: str) -> None:
     """The leader started ``name`` again (``%rpc_restart``)."""
     s.revive(name)
+    roster.names_changed(s)
 
 
 def drop_member(s: Session, info: Any) -> None:
     """The leader removes a dead member from torch's group: drop it here too."""
     _torch.drop_locally(info)
+    roster.member_gone(s, info.name)
 
 
 def leave_now(s: Session) -> bool:
@@ -246,6 +254,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "shm_full": shm_full,
     ucx.PULL: ucx_pull,
     "member_died": member_died,
+    "member_joined": member_joined,
     "member_back": member_back,
     "drop_member": drop_member,
     "leave": leave_now,

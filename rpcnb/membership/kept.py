@@ -24,16 +24,20 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpcnb import errors
 from rpcnb.errors import RpcnbError
 from rpcnb.procs.processes import pid_alive
 from rpcnb.sandbox import isolation
 
+if TYPE_CHECKING:
+    from rpcnb.observe.doctor import Finding
+
 KEEPER = "keeper"  # the keeper's name in its group
+DOCTOR_MEMBER = "kept"  # %rpc_doctor's findings on kept groups are under this name
 DEFAULT_KEEP_S = 3600.0  # --keep without a duration: an hour without a kernel
 START_S = 180.0  # seconds a keeper gets to start its group (workers included)
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?\Z")
@@ -74,6 +78,9 @@ class Record:
     failed: str = ""  # why the keeper could not start the group
     group_id: str = ""  # the group's id (its /dev/shm segments are named after it)
     folder: str = ""  # the group's own folder (its store, its connection file)
+    # name -> what the keeper last heard of its memory (``view.memory_info``: rss, shm,
+    # gpu, as %rpc_workers shows it), the keeper's own rss under its name; {} before
+    memory: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def alive(self) -> bool:
         return self.pid > 0 and pid_alive(self.pid)
@@ -104,8 +111,10 @@ def write(rec: Record) -> None:
 def read(name: str) -> Record | None:
     try:
         data = json.loads((folder(name) / "record.json").read_text())
-        return Record(**data)
-    except (OSError, ValueError, TypeError):
+        # a field a newer keeper writes is left out: its group is not taken for a broken one
+        known = {f.name for f in fields(Record)}
+        return Record(**{k: v for k, v in data.items() if k in known})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -285,23 +294,108 @@ def _ago(since: float | None) -> str:
     return f"no kernel attached for {max(0.0, time.time() - since):.0f} s"
 
 
+def memory_bytes(rec: Record) -> int | None:
+    """The resident memory of the keeper and the live workers, as the keeper last heard
+    it (None before it asked)."""
+    if not rec.memory:
+        return None
+    return sum(int(m.get("rss", 0)) for n, m in rec.memory.items()
+               if n == KEEPER or n in rec.workers)
+
+
+def gpu_memory(rec: Record) -> dict[str, list[dict[str, Any]]] | None:
+    """Each live worker's CUDA memory (``machine.gpu_memory``'s list; empty without a GPU),
+    as the keeper last heard it (None before it asked)."""
+    if not rec.memory:
+        return None
+    return {n: list(rec.memory[n].get("gpu") or []) for n in rec.workers if n in rec.memory}
+
+
+def gpu_text(rec: Record) -> str:
+    """The GPU memory column: ``no GPU``, or each worker's ``worker1 cuda:0 1.2 GB alloc /
+    2.0 GB reserved / 79.6 GB``; ``-`` before the keeper asked."""
+    from rpcnb.session.state import gpu_memory as said
+
+    gpus = gpu_memory(rec)
+    if gpus is None:
+        return "-"
+    if not any(gpus.values()):
+        return "no GPU"
+    return "; ".join(f"{n} {said({'gpu': g})}" for n, g in gpus.items() if g)
+
+
+def attached(rec: Record) -> str:
+    """The kernel attached to ``rec`` (its name in the group), "" for none."""
+    return rec.attached or claimed(rec.name)
+
+
+def mine(rec: Record) -> bool:
+    """Whether this process is the kernel attached to ``rec``."""
+    from rpcnb.session import state
+
+    s = state.active()
+    return s is not None and s.options.get("kept") == rec.name
+
+
+def describe(rec: Record) -> dict[str, Any]:
+    """One kept group as plain data (the panel's ``kept`` rows; docs/panel.md)."""
+    return {"name": rec.name, "pid": rec.pid, "workers": list(rec.workers),
+            "dead": dict(rec.dead), "since": rec.since, "attached": attached(rec),
+            "idle_since": rec.idle_since, "keep_s": rec.keep_s,
+            "memory": memory_bytes(rec), "gpu": gpu_memory(rec), "mine": mine(rec)}
+
+
+def idle_text(rec: Record, now: float | None = None) -> str:
+    """``42 s of 3600 s``: how long no kernel has been attached, of the idle limit."""
+    now = time.time() if now is None else now
+    idle = 0.0 if rec.idle_since is None else max(0.0, now - rec.idle_since)
+    return f"{idle:.0f} s of {rec.keep_s:g} s"
+
+
+def findings(recs: list[Record] | None = None) -> list[Finding]:
+    """``%rpc_doctor``'s findings on the user's kept groups (``groups()`` by default), one
+    per group under the member ``kept``: its keeper and workers, and the kernel attached
+    or for how long none has been, of its limit (a note: it holds its workers' memory);
+    a worker that died is a problem."""
+    from rpcnb.observe.doctor import Finding
+
+    out = []
+    for rec in groups() if recs is None else recs:
+        kernel = attached(rec)
+        if kernel:
+            now = f"attached: {kernel}" + (" (this kernel)" if mine(rec) else "")
+        else:
+            left = rec.keep_s - (time.time() - (rec.idle_since or time.time()))
+            now = (f"no kernel attached for {idle_text(rec)} (it ends by itself in "
+                   f"{max(0.0, left):.0f} s)")
+        detail = f"keeper pid {rec.pid}, workers {', '.join(rec.workers) or 'none'}; {now}"
+        if rec.dead:
+            detail += "; dead: " + ", ".join(f"{n} ({how})" for n, how in sorted(rec.dead.items()))
+            out.append(Finding(DOCTOR_MEMBER, rec.name, "warn", detail,
+                               errors.KEPT_DEAD_TODO.format(group=rec.name)))
+        elif kernel:
+            out.append(Finding(DOCTOR_MEMBER, rec.name, "ok", detail))
+        else:
+            out.append(Finding(DOCTOR_MEMBER, rec.name, "note", detail,
+                               errors.KEPT_IDLE_TODO.format(group=rec.name)))
+    return out
+
+
 def table(recs: list[Record]) -> str:
     """``%rpc_groups``: one line per kept group."""
-    from rpcnb.procs.processes import rss_bytes
     from rpcnb.text import size
     from rpcnb.text import table as text_table
 
     if not recs:
         return errors.KEPT_NONE_LISTED
-    rows = [("group", "keeper pid", "workers", "since", "attached", "idle for", "memory")]
+    rows = [("group", "keeper pid", "workers", "since", "attached", "idle for", "memory",
+             "gpu memory")]
     for r in recs:
-        pids = [r.pid, *r.workers.values()]
-        mem = sum(rss_bytes(p) for p in pids if p)
+        mem = memory_bytes(r)
         workers = ", ".join(r.workers) + (f" (dead: {', '.join(r.dead)})" if r.dead else "")
         rows.append((r.name, str(r.pid), workers or "none",
                      time.strftime("%H:%M:%S", time.localtime(r.since)),
-                     r.attached or claimed(r.name) or "no",
-                     "-" if r.idle_since is None else f"{time.time() - r.idle_since:.0f} s"
-                     f" of {r.keep_s:g} s",
-                     size(mem)))
+                     attached(r) or "no",
+                     "-" if r.idle_since is None else idle_text(r),
+                     "-" if mem is None else size(mem), gpu_text(r)))
     return text_table(rows)

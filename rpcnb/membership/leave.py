@@ -38,12 +38,15 @@ def local_shutdown(graceful: bool, timeout: float = 10.0) -> bool:
     return not t.is_alive()
 
 
-def leave_group(timeout: float = 10.0, graceful: bool = True) -> None:
+def leave_group(timeout: float = 10.0, graceful: bool = True, tell: bool = False) -> None:
     """This member leaves the group (the leader uses ``shutdown_group`` instead): its
-    teardown stack unwinds, torch's agent leaving gracefully within ``timeout``."""
+    teardown stack unwinds, torch's agent leaving gracefully within ``timeout``. ``tell``:
+    it leaves by itself (not asked by the leader), and the others mark it as left first."""
     s = state.active()
     if s is None:
         return
+    if tell and graceful:
+        roster.say_left(s)
     s.closing = True
     s.leaving = (graceful, timeout)
     s.teardown.close()

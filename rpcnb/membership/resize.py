@@ -68,6 +68,7 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
     store = _torch.store()
     rank = roster.next_rank(store)
     s.revive(name)
+    roster.names_changed(s)
     new = start.start_worker(s, name, rank, wopts, wenv)
     with s.lock:
         s.procs[name] = new

@@ -84,6 +84,7 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     else:
         _torch.init_rpc_with_store(name, rank, store, backend)
     _torch.note_agent_started()
+    roster.follow_names()  # torch's all-gather and barriers follow the group's members
     s.teardown.push("torch's RPC agent",
                     lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
     if fenced:  # before anything else: strangers' bytes can end TensorPipe (fence's why)
@@ -172,6 +173,7 @@ def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
             s.members.setdefault(other, Member(other, other_rank))
         s.members[s.name] = Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
                                    info["devices"], info["gpus"], address=info["address"])
+    roster.names_changed(s)
     return list(admitted)
 
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rpcnb import docs, machine, text
+from rpcnb import docs, machine, settings, text
 from rpcnb.session import protocol, roster, state
 
 SMALL_SHM = 1 << 30  # below 1 GiB of /dev/shm, large tensors fall back or fail
@@ -86,6 +86,7 @@ def local_report() -> dict[str, Any]:
         "torch_git": getattr(getattr(torch, "version", None), "git_version", "") or "",
         "python": platform.python_version(), "time": time.time(),
         "platform": f"{platform.system()} {platform.machine()}",
+        "settings": settings.set_now(), "settings_wrong": settings.problems(),
     }
 
 
@@ -96,6 +97,11 @@ def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
     for name, r in reports.items():
         add = lambda check, level, detail, todo="", name=name: out.append(  # noqa: E731
             Finding(name, check, level, detail, todo))
+        said = r.get("settings") or {}
+        if said:  # the RPCNB_* variables set there, and any it cannot read
+            add("settings", "warn" if r.get("settings_wrong") else "note",
+                ", ".join(f"{k}={v}" for k, v in said.items()),
+                "; ".join(r.get("settings_wrong") or []))
         shm_said = (f"{text.size(r.get('shm_total', 0), 'MB', 0)} "
                     f"({text.size(r.get('shm_free', 0), 'MB', 0)} free)")
         if r["shm_total"] < 0:

@@ -4,7 +4,7 @@ to (for the same-host paths), the shared storages it hands over by handle (relea
 it completes), and a builtin operator whose tensors would take rpcnb's paths sent as a
 Python call of the same operator. It sits on every call a user's code makes, so it does
 as little as it can: each microsecond here shows several times over in a round trip
-(docs/benchmarks.md, "What rpcnb costs a plain torch RPC call")."""
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 

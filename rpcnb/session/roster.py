@@ -5,6 +5,7 @@ members, and dead members removed from torch's dynamic group so it stays usable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -15,9 +16,9 @@ from typing import Any
 
 from rpcnb import errors
 from rpcnb.errors import RpcnbError, WorkerDiedError, WorkerUnreachableError
-from rpcnb.session import protocol, rendezvous
+from rpcnb.session import protocol, rendezvous, state
 from rpcnb.session.state import ALL, Member, Session
-from rpcnb.wire import _torch
+from rpcnb.wire import _gather, _torch
 
 MAX_RANK = 32767  # torch's worker ids are int16
 
@@ -101,15 +102,31 @@ def admit(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) ->
                                  address=info.get("address", ""))
         if info.get("facts"):
             s.facts[name] = info["facts"]
-    return s.admitted()
+    admitted = s.admitted()
+    names_changed(s)
+    for other, _ in admitted:  # the others' views of the group take it in too
+        if other not in (s.name, name) and other not in s.unreachable:
+            with contextlib.suppress(Exception):
+                protocol.call_async(s.token, other, "member_joined", name, rank, timeout=5)
+    return admitted
 
 
-def live_names(s: Session) -> list[str]:
-    """Members that are alive and admitted, by rank."""
+def learn_member(s: Session, name: str, rank: int) -> None:
+    """The leader admitted ``name`` (``admit``): this member counts it from now on."""
+    with s.lock:
+        if name in s.dead:
+            return
+        s.members.setdefault(name, Member(name, rank))
+    names_changed(s)
+
+
+def live_names(s: Session, ask: bool = True) -> list[str]:
+    """Members that are alive and admitted, by rank (``ask``: a member this one has not
+    heard of is asked about from the leader)."""
     names = [n for n in _torch.member_names() if n not in s.dead]
     with s.lock:
         unknown = any(n not in s.members for n in names)
-    if unknown and not s.is_leader:
+    if unknown and ask and not s.is_leader:
         refresh(s)
     with s.lock:
         return [n for n in names if n in s.members]
@@ -180,6 +197,72 @@ def _name_of(s: Session, item: Any) -> str:
         hint = f" (rank {item} is {ranked[0]!r})" if ranked else ""
     raise RpcnbError(errors.BAD_TARGET.format(got=repr(item), kind=type(item).__name__,
                                               hint=hint))
+
+
+# --------------------------------------------------------------------------- torch's names
+#
+# torch's all-gather and barriers (rpc.api._all_gather, _barrier, _wait_all_workers) wait for
+# the names each member holds: itself and the members it knows alive and admitted, made
+# current as members are admitted, die, leave or are replaced (rpcnb.wire._gather).
+
+
+def names_changed(s: Session) -> set[str]:
+    """This member's view of the group's names, made current where torch reads it."""
+    names = set(live_names(s, ask=False)) | {s.name}
+    _gather.set_names(names)
+    return names
+
+
+def member_gone(s: Session, name: str) -> None:
+    """``name`` died or left (marked in the session already): out of this member's view,
+    and out of the rounds of torch's all-gather it took part in."""
+    names_changed(s)
+    _gather.forget_rounds(name)
+
+
+def follow_names() -> None:
+    """This process's torch all-gather and barriers wait for the current group's names,
+    and fail, naming it, when a member they wait for died or left."""
+    _gather.install(_current_names, _gone)
+
+
+def _current_names() -> set[str] | None:
+    s = state.active()
+    if s is None or s.closing:
+        return None  # in no rpcnb group: torch's own all-gather
+    names = set(live_names(s)) | {s.name}
+    _gather.set_names(names)
+    return names
+
+
+def _gone(names: Iterable[str]) -> dict[str, str]:
+    """Which of ``names`` died or left, each with what to say of it."""
+    s = state.active()
+    try:
+        members = set(_torch.member_names())
+    except Exception:  # no agent: the group ended
+        members = set()
+    said = {}
+    for name in names:
+        if s is not None and name in s.dead:
+            said[name] = s.death_message(name)
+        elif name not in members:
+            said[name] = errors.NOT_A_MEMBER.format(name=name, known=", ".join(sorted(members)))
+    return said
+
+
+def say_left(s: Session) -> None:
+    """This member leaves by itself: every other member marks it as left (``member_died``
+    with how ``"left"``) before torch's agent leaves, waiting 5 s at most."""
+    sent = []
+    for other in live_names(s, ask=False):
+        if other != s.name and other not in s.unreachable:
+            with contextlib.suppress(Exception):
+                sent.append(protocol.call_async(s.token, other, "member_died", s.name, "left",
+                                                timeout=5))
+    for fut in sent:
+        with contextlib.suppress(Exception):
+            fut.wait()
 
 
 # --------------------------------------------------------------------------- partitions

@@ -5,8 +5,11 @@
 its own for its notebooks and a JupyterLab workspace of its own (no tab or panel of an
 earlier test comes back), and at its end (``end``) every session and kernel in the server is
 shut down through its REST API (``/api/sessions``, ``/api/kernels``) and every process they
-started is stopped by pid. Without Chromium the tests skip and say why; under CI
-(CI=true) they fail instead.
+started is stopped by pid. Its kernels get a private rpcnb runtime folder of the session's
+(``RPCNB_RUNTIME_DIR``: the namespace holder of its `rpcnb` kernels, their sockets, the
+registry of kept groups), so that no kept group or holder of the machine's user shows in a
+test, and none of a test's outlives the session. Without Chromium the tests skip and say
+why; under CI (CI=true) they fail instead.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import pytest
 
 from rpcnb.procs.processes import descendants, kill_all, pid_alive
+from rpcnb.sandbox import netns
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -76,10 +80,13 @@ class LabServer:
         self.root = base / "root"
         self.root.mkdir()
         self.log_path = base / "lab.log"
+        self.rpcnb_runtime = base / "rpcnb-run"
+        self.rpcnb_runtime.mkdir(mode=0o700)
         self._names = itertools.count(1)
         env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(base / "runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(base / "settings"),
-                   JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"))
+                   JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
+                   RPCNB_RUNTIME_DIR=str(self.rpcnb_runtime))
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
@@ -124,7 +131,8 @@ class LabServer:
         it writes its notebooks (their kernels start there); ``path``: that folder in the
         server; ``workspace``: the test's own JupyterLab workspace; ``started``: pids the
         test saw its kernels start, stopped at its end with the rest; ``log()``: what the
-        server wrote to its log since the test began."""
+        server wrote to its log since the test began; ``rpcnb_runtime``: the kernels'
+        ``RPCNB_RUNTIME_DIR`` (the session's)."""
         folder = f"{next(self._names):02d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}"[:80]
         (self.root / folder).mkdir()
         self.seen.update(descendants(self.pid))
@@ -136,7 +144,8 @@ class LabServer:
                 return f.read().decode(errors="replace")
 
         return {"url": self.url, "token": self.token, "pid": self.pid, "root": self.root / folder,
-                "path": folder, "workspace": folder, "started": set(), "log": log}
+                "path": folder, "workspace": folder, "started": set(), "log": log,
+                "rpcnb_runtime": self.rpcnb_runtime}
 
     def end(self, test: dict[str, Any]) -> tuple[list[int], list[str]]:
         """Shut down every session and kernel (the test's: tests take turns in one
@@ -169,8 +178,12 @@ class LabServer:
                 raise
 
     def stop(self) -> list[int]:
-        """Stop the server and every process it started; the pids still alive."""
+        """Stop the server and every process it started, the namespace holder of its
+        `rpcnb` kernels included (a daemon of their runtime folder); the pids still alive."""
         self.seen.update(descendants(self.pid))
+        holder = netns.find_holder(self.rpcnb_runtime)
+        if holder is not None:
+            self.seen.add(holder.pid)
         self.proc.terminate()
         try:
             self.proc.wait(10)

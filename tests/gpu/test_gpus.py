@@ -193,6 +193,42 @@ def test_rpc_workers_shows_each_members_gpu_memory(kernel):
     assert "reserved /" in row and "CUDA not initialised" not in row
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_rpc_groups_shows_a_kept_groups_gpu_memory(tmp_path):
+    """A kept group's worker that allocates on its GPU shows it in %rpc_groups, as
+    %rpc_workers shows it (its keeper asks it every 10 s). A runtime folder of the test's
+    own; the keeper, in a session of its own, is stopped by the pids of its record."""
+    import json
+
+    from conftest import Kernel, children_of, wait_until
+
+    from rpcnb.procs.processes import kill_all, pid_alive
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    k = Kernel(env={"RPCNB_RUNTIME_DIR": str(run)})
+    pids: set[int] = set()
+    try:
+        k.execute("%load_ext rpcnb")
+        k.execute("%rpc_init --workers 1 --gpus auto --keep 10m")
+        rec = json.loads(next(run.glob("kept/*/record.json")).read_text())
+        pids |= {rec["pid"], *rec["workers"].values(), *children_of(rec["pid"])}
+        k.execute("%%remote worker1\nimport torch\n"
+                  "big = torch.ones(256, 1024, 1024, device='cuda')")
+        said: list[str] = []
+
+        def listed() -> bool:
+            said[:] = [k.execute("%rpc_groups").stdout]
+            return "worker1 cuda:0 1.0 GB alloc" in said[0]
+
+        assert wait_until(listed, 30, poll=1.0), said
+        k.execute("%rpc_shutdown")
+    finally:
+        k.close()
+        kill_all(sorted(p for p in pids if pid_alive(p)))
+
+
 # -- collectives under NCCL --------------------------------------------------------------
 
 COLL = "import torch\nimport torch.distributed as dist\n"

@@ -2,8 +2,11 @@
 kernel restart (graceful and ``now=True``) and a SIGKILL of the kernel, a new kernel
 attaches and finds the old values and a background loop still going; an idle kept group
 ends by itself and leaves nothing; two kernels cannot drive one group; a worker that died
-meanwhile is said to have died. Each test has its own runtime folder (its own registry of
-kept groups), and every process it started, the keeper's included, is stopped at its end.
+meanwhile is said to have died. The JupyterLab panel's side (rpcnb/frontend/panel.py, over
+the kernel's comm as the extension drives it) lists the kept groups also while the kernel
+is in none, attaches (the line it adds to the notebook) and ends one; %rpc_doctor has a
+finding per kept group. Each test has its own runtime folder (its own registry of kept
+groups), and every process it started, the keeper's included, is stopped at its end.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from pathlib import Path
 
 import pytest
 from conftest import Kernel, children_of, stopped, wait_until
+from test_panel import open_comm, send, snapshot_where, wait_for
 
+from rpcnb import errors
+from rpcnb.frontend import panel
 from rpcnb.paths import shm
 from rpcnb.procs.processes import kill_all, pid_alive
 
@@ -132,19 +138,25 @@ def test_restart_now_and_a_killed_kernel_keep_the_group(kept):
     assert k2.execute("%%remote worker2 --fetch\ncounter").text == "2"
 
 
-def test_a_background_loop_goes_on_through_a_restart(kept):
+def test_a_background_loop_goes_on_through_a_restart(kept, tmp_path):
+    # a training loop that runs until told to stop, writing its step where the test sees it
+    progress, stop = tmp_path / "step", tmp_path / "stop"
     k = kept.kernel()
     start(k)
-    k.execute("%%remote worker1 --bg\nimport time\nresult = None\n"
-              "for step in range(60):\n    time.sleep(0.1)\nresult = 'trained'")
-    assert wait_until(lambda: k.execute("%%remote worker2 --fetch\n1").text == "1", 5)
+    k.execute(f"%%remote worker1 --bg\nimport os, time\nresult, step = None, 0\n"
+              f"while not os.path.exists({str(stop)!r}):\n    step += 1\n"
+              f"    open({str(progress)!r}, 'w').write(str(step))\n    time.sleep(0.05)\n"
+              f"result = 'trained'")
+    assert wait_until(lambda: progress.exists() and progress.read_text() != "", 10)
     kept.restart(k)
     out = k.execute("%rpc_init --attach")
     assert "worker1 runs" in out.stdout, out.stdout  # busy, said on attach
-    # it went on meanwhile: its step moves, and its result is there once it ends
-    assert wait_until(lambda: k.execute("%%remote worker1 --fetch\nresult",
-                                        timeout=60).text == "'trained'", 30)
-    assert k.execute("%%remote worker1 --fetch\nstep").text == "59"
+    # it went on through the restart, and goes on: its step moves
+    seen = int(progress.read_text() or 0)
+    assert wait_until(lambda: int(progress.read_text() or 0) > seen + 5, 10)
+    stop.touch()  # its result is there once it ends
+    assert k.execute("%%remote worker1 --fetch\nresult", timeout=60).text == "'trained'"
+    assert int(k.execute("%%remote worker1 --fetch\nstep").text) >= seen + 5
 
 
 def test_an_idle_kept_group_ends_by_itself_and_leaves_nothing(kept):
@@ -192,3 +204,106 @@ def test_kept_flags_say_what_to_do(kept):
     assert "There is no kept group to attach to" in out.stderr
     out = k.execute("%rpc_shutdown --group nothere", allow_error=True)
     assert "There is no kept group 'nothere'" in out.stderr
+
+
+def reply(k: Kernel, comm_id: str, action: str, timeout: float = 30, **args) -> dict:
+    """The panel's ``action`` asked over its comm, and the kernel's answer."""
+    ident = time.monotonic_ns()
+    send(k, comm_id, {"type": "action", "action": action, "id": ident, **args})
+    return wait_for(k, comm_id, lambda d: d.get("type") == "reply" and d["id"] == ident,
+                    timeout=timeout)
+
+
+def fresh(k: Kernel, comm_id: str, pred) -> dict:
+    """The panel's next picture that ``pred`` accepts, asked for anew: one it sent while
+    the test read something else (a cell's output, a reply) is sent again."""
+    send(k, comm_id, {"type": "watch", "detail": "full"})
+    return wait_for(k, comm_id, snapshot_where(pred))["snapshot"]
+
+
+def test_the_panel_lists_kept_groups_attaches_and_ends_one(kept):
+    k = kept.kernel()
+    start(k, "%rpc_init --workers 1 --keep 10m")
+    k.execute("%%remote worker1\nw = 42")
+    rec = kept.records()[0]
+    kept.restart(k)
+    # a kernel in no group: the panel lists the kept group, not attached, with its memory
+    comm_id = open_comm(k)
+    snap = wait_for(k, comm_id, snapshot_where(lambda s: s.get("kept")))["snapshot"]
+    assert snap["group"] is None and snap["message"] == panel.NO_GROUP
+    [row] = snap["kept"]
+    assert (row["name"], row["pid"], row["workers"]) == ("group1", rec["pid"], ["worker1"])
+    assert row["attached"] == "" and not row["mine"] and row["dead"] == {}
+    assert row["keep_s"] == 600 and row["idle_since"] and row["since"] == rec["since"]
+    assert row["memory"] > 10 << 20  # the keeper's and worker1's resident memory
+    assert row["gpu"] == {"worker1": []}  # no CUDA here: %rpc_groups says "no GPU"
+    assert "no GPU" in k.execute("%rpc_groups").stdout
+    # the status item's level leaves the kept groups out
+    send(k, comm_id, {"type": "watch", "detail": "summary"})
+    assert "kept" not in wait_for(k, comm_id, snapshot_where(lambda s: "rrefs" not in s))[
+        "snapshot"]
+
+    # attach: the panel adds the line to the notebook and runs it; the old value is back
+    said = reply(k, comm_id, "attach", group="group1")
+    assert said["ok"] and said["insert"] == "%rpc_init --attach group1", said
+    assert said["message"] == panel.ATTACH_ADDED.format(group="group1")
+    assert "attached to kept group group1" in k.execute(said["insert"]).stdout
+    assert k.execute("%%remote worker1 --fetch\nw").text == "42"
+    snap = fresh(k, comm_id, lambda s: s["group"] and s["kept"] and s["kept"][0]["mine"])
+    assert snap["kept"][0]["attached"] == f"kernel-{k.pid}"
+    # a kernel in a group attaches to nothing more
+    said = reply(k, comm_id, "attach", group="group1")
+    assert not said["ok"] and said["message"] == errors.ALREADY_INITIALIZED.format(
+        name=f"kernel-{k.pid}"), said
+    # end, from the kernel attached: as %rpc_shutdown there, nothing is left
+    said = reply(k, comm_id, "end", group="group1", timeout=60)
+    assert said["ok"] and said["message"] == panel.KEPT_ENDED.format(group="group1"), said
+    snap = fresh(k, comm_id, lambda s: s["group"] is None)
+    assert snap["kept"] == []
+    assert not any(pid_alive(p) for p in [rec["pid"], *rec["workers"].values()])
+    assert kept.records() == [] and not shm.leftovers(rec["group_id"])
+
+
+def test_the_doctor_lists_kept_groups_and_the_panel_ends_one_from_another_group(kept):
+    k = kept.kernel()
+    start(k, "%rpc_init --workers 1 --keep 10m")
+    rec = kept.records()[0]
+    found = {(f["member"], f["check"]): f
+             for f in json.loads(k.execute("%rpc_doctor --json").stdout)}
+    mine = found[("kept", "group1")]
+    assert mine["level"] == "ok" and mine["detail"] == (
+        f"keeper pid {rec['pid']}, workers worker1; attached: kernel-{k.pid} (this kernel)")
+    # a kernel in a group of its own: the kept group, idle, is a note with its limit
+    kept.restart(k)
+    k.execute("%rpc_init")
+    found = {(f["member"], f["check"]): f
+             for f in json.loads(k.execute("%rpc_doctor --json").stdout)}
+    idle = found[("kept", "group1")]
+    assert idle["level"] == "note", idle
+    assert idle["detail"].startswith(f"keeper pid {rec['pid']}, workers worker1; no kernel "
+                                     "attached for "), idle
+    assert " s of 600 s (it ends by itself in " in idle["detail"], idle
+    assert idle["todo"] == errors.KEPT_IDLE_TODO.format(group="group1")
+    text = k.execute("%rpc_doctor --text").stdout
+    assert any(line.startswith("-- kept") and "group1" in line for line in text.splitlines()), text
+    # a worker of it dies: a problem
+    os.kill(rec["workers"]["worker1"], signal.SIGKILL)
+    assert wait_until(lambda: "worker1" in kept.records()[0]["dead"], 15)
+    found = {(f["member"], f["check"]): f
+             for f in json.loads(k.execute("%rpc_doctor --json").stdout)}
+    dead = found[("kept", "group1")]
+    assert dead["level"] == "warn" and "dead: worker1 (" in dead["detail"], dead
+    assert dead["todo"] == errors.KEPT_DEAD_TODO.format(group="group1")
+    # the panel of this kernel (in its own group) ends the kept group, as --group does
+    comm_id = open_comm(k)
+    snap = wait_for(k, comm_id, snapshot_where(lambda s: s.get("kept")))["snapshot"]
+    assert snap["group"]["me"] == "worker0" and not snap["kept"][0]["mine"]
+    said = reply(k, comm_id, "end", group="group1", timeout=60)
+    assert said["ok"] and said["message"] == panel.KEPT_ENDED.format(group="group1"), said
+    fresh(k, comm_id, lambda s: s["kept"] == [])
+    assert not pid_alive(rec["pid"]) and kept.records() == []
+    assert "worker0" in k.execute("%rpc_workers").text  # its own group goes on
+    said = reply(k, comm_id, "end", group="group1")
+    assert not said["ok"] and "There is no kept group 'group1'" in said["message"], said
+    assert ("kept", "group1") not in {
+        (f["member"], f["check"]) for f in json.loads(k.execute("%rpc_doctor --json").stdout)}

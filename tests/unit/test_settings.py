@@ -61,10 +61,20 @@ def test_no_module_reads_an_rpcnb_variable_itself():
     assert found == []
 
 
-def test_the_doctor_lists_what_is_set_and_what_is_unknown():
-    env = {"RPCNB_SHM": "0", "RPCNB_SHMM": "1", "PATH": "/bin"}
-    assert settings.set_now(env) == {"RPCNB_SHM": "0", "RPCNB_SHMM": "1"}
+def test_the_doctor_lists_what_is_set_and_what_is_wrong():
+    from rpcnb.observe import doctor
+
+    env = {"RPCNB_SHM": "0", "RPCNB_SHMM": "1", "RPCNB_CALL_TIMES": "maybe", "PATH": "/bin"}
+    assert settings.set_now(env) == {"RPCNB_CALL_TIMES": "maybe", "RPCNB_SHM": "0",
+                                     "RPCNB_SHMM": "1"}
     assert settings.unknown(env) == ["RPCNB_SHMM"]
+    wrong = settings.problems(env)
+    assert any("RPCNB_SHMM is not a variable rpcnb reads" in w for w in wrong)
+    assert any("RPCNB_CALL_TIMES='maybe' is not a yes or no" in w for w in wrong)
+    report = dict(doctor.local_report(), settings=settings.set_now(env), settings_wrong=wrong)
+    found = [f for f in doctor.findings({"worker1": report}) if f.check == "settings"]
+    assert len(found) == 1 and found[0].level == "warn"
+    assert "RPCNB_SHM=0" in found[0].detail and "RPCNB_SHMM" in found[0].todo
 
 
 def test_the_settings_page_is_written_from_the_table():

@@ -7,8 +7,12 @@ import {
   busyText,
   clock,
   describe as describeConn,
+  IKept,
   IMember,
   ISnapshot,
+  keptActions,
+  keptGpuText,
+  keptLines,
   memberActions,
   memberCells,
   pendingText,
@@ -377,5 +381,83 @@ describe('variablesAction', () => {
     const dead = variablesAction(member('worker2', false));
     expect(dead.enabled).toBe(false);
     expect(dead.title).toContain('namespace is lost');
+  });
+});
+
+describe('kept groups', () => {
+  function kept(extra: Partial<IKept> = {}): IKept {
+    return {
+      name: 'group1',
+      pid: 4242,
+      workers: ['worker1', 'worker2'],
+      dead: {},
+      since: 1000,
+      attached: '',
+      idle_since: 1100,
+      keep_s: 600,
+      memory: 300 * 2 ** 20,
+      gpu: { worker1: [], worker2: [] },
+      mine: false,
+      ...extra
+    };
+  }
+
+  it('says since when no kernel is attached, of its idle limit, and its memory', () => {
+    expect(keptLines(kept(), 1100 + 125)).toEqual([
+      'workers: worker1, worker2',
+      `no kernel attached since ${clock(1100)} (2 min of 10 min)`,
+      `since ${clock(1000)} · keeper pid 4242`,
+      'memory 300.0 MB · GPU: no GPU'
+    ]);
+  });
+
+  it('names the kernel attached, this one marked, and the dead workers', () => {
+    const lines = keptLines(
+      kept({
+        attached: 'kernel-7',
+        idle_since: null,
+        mine: true,
+        workers: ['worker1'],
+        dead: { worker2: 'killed by SIGKILL' },
+        memory: null,
+        gpu: null
+      }),
+      2000
+    );
+    expect(lines).toEqual([
+      'workers: worker1 (dead: worker2)',
+      'attached: kernel-7 (this kernel)',
+      `since ${clock(1000)} · keeper pid 4242`
+    ]);
+  });
+
+  it("shows the workers' GPU memory where they have GPUs", () => {
+    const gpu = {
+      worker1: [
+        {
+          device: 'cuda:0',
+          allocated: 2 ** 30,
+          reserved: 2 ** 31,
+          total: 2 ** 36
+        }
+      ],
+      worker2: []
+    };
+    expect(keptGpuText(kept({ gpu }))).toBe(
+      'worker1 cuda:0 1.0 GB alloc / 2.0 GB reserved / 64.0 GB'
+    );
+    expect(keptGpuText(kept({ gpu: null }))).toBe('');
+  });
+
+  it('offers attach only to a kernel in no group, and only while none is attached', () => {
+    const free = keptActions(kept(), false);
+    expect(free.map(a => [a.action, a.enabled])).toEqual([
+      ['attach', true],
+      ['end', true]
+    ]);
+    const taken = keptActions(kept({ attached: 'kernel-9' }), false);
+    expect(taken[0].enabled).toBe(false);
+    expect(taken[0].title).toContain('kernel-9 is attached');
+    expect(keptActions(kept(), true).map(a => a.action)).toEqual(['end']);
   });
 });

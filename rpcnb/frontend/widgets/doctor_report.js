@@ -8,14 +8,16 @@ function plural(n, word) {
 }
 
 function byMember(findings) {
-  // members in the order the doctor reports them (the leader first), "all" last
+  // members in the order the doctor reports them (the leader first), "all" and the
+  // user's kept groups ("kept") last
   const groups = new Map();
   for (const f of findings) {
     if (!groups.has(f.member)) groups.set(f.member, []);
     groups.get(f.member).push(f);
   }
-  const names = [...groups.keys()].filter((n) => n !== "all");
-  if (groups.has("all")) names.push("all");
+  const last = ["all", "kept"];
+  const names = [...groups.keys()].filter((n) => !last.includes(n));
+  for (const n of last) if (groups.has(n)) names.push(n);
   return names.map((n) => [n, groups.get(n)]);
 }
 
@@ -32,7 +34,8 @@ function memberBox(name, findings, me) {
   const rank = (f) => (LEVELS[f.level] || [3])[0];
   const sorted = [...findings].sort((a, b) => rank(a) - rank(b));
   const worst = sorted.length ? sorted[0].level : "ok";
-  const title = name === "all" ? "every member" : name === me ? `${name} (this kernel)` : name;
+  const title = name === "all" ? "every member" : name === "kept" ? "kept groups of this user"
+    : name === me ? `${name} (this kernel)` : name;
   const table = h("table", { class: "rpcnb-findings" });
   for (const f of sorted) {
     const [, label] = LEVELS[f.level] || [3, f.level];

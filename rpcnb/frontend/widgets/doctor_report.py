@@ -15,14 +15,16 @@ import anywidget
 import traitlets
 
 from rpcnb.frontend.widgets.dom import esm
+from rpcnb.membership import kept
 from rpcnb.observe import doctor
 
 CHECK_FAILED = "the check failed: {reason}"
 
 
 class DoctorReport(anywidget.AnyWidget):
-    """``DoctorReport()`` checks the group now; ``DoctorReport(found)`` shows findings
-    that ``rpcnb.observe.doctor.check()`` returned; ``%rpc_doctor``."""
+    """``DoctorReport()`` checks the group (and the user's kept groups) now;
+    ``DoctorReport(found)`` shows findings that ``rpcnb.observe.doctor.check()`` (and
+    ``rpcnb.membership.kept.findings()``) returned; ``%rpc_doctor``."""
 
     _esm = esm("doctor_report.js")
 
@@ -55,7 +57,7 @@ class DoctorReport(anywidget.AnyWidget):
         """Ask every member again; the widget shows the new findings (or why it could not)."""
         self.status = ""  # a second failure for the same reason is a change the page sees
         try:
-            found = doctor.check()
+            found = doctor.check() + kept.findings()
         except Exception as exc:  # the group ended, a member did not answer
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             self.status = CHECK_FAILED.format(reason=reason)
