@@ -487,13 +487,15 @@ def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:
         except Exception as exc:
             if router.on_call_failure is not None:  # kept for %debug (rpcnb.cells.console)
                 router.on_call_failure(exc, getattr(func, "__qualname__", repr(func)))
-            # what torch's _run_function makes of it, without rpcnb's frames and without
-            # printing it here: the caller raises its type with this message
+            # what torch's _run_function makes of it, without rpcnb's frames: the caller
+            # raises its type with this message
             from torch.distributed.rpc import internal
 
             report = sendable(exc, func, pending[2])
             text = f"{exc!r}\n{user_traceback(exc)}" if report is exc else f"{report!r}\n"
-            return internal.RemoteException(f"On {rpc_me()}:\n{text}", type(report))
+            said = f"On {rpc_me()}:\n{text}"
+            print(said, file=sys.stderr)  # as torch does: the callee logs it (its tests check)
+            return internal.RemoteException(said, type(report))
         finally:
             if local.capture is None:  # it wrote nothing (most calls)
                 local.pending = None

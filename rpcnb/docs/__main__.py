@@ -4,4 +4,5 @@ import sys
 
 from rpcnb.docs import main
 
-sys.exit(main())
+if __name__ == "__main__":  # (importing every module, as a test does, runs nothing)
+    sys.exit(main())

@@ -89,7 +89,7 @@ def test_the_wheel_builds_without_nodejs_and_has_everything(tmp_path_factory):
                  "share/jupyter/kernels/rpcnb/kernel.json"):
         assert f"{data}/data/{must}" in names, must
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert "rpcnb/_docs/security.md" in names and "rpcnb/docs.py" in names
+    assert "rpcnb/_docs/security.md" in names and "rpcnb/docs/__init__.py" in names
     meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
     meta = Parser().parsestr(zipfile.ZipFile(wheel).read(meta_name).decode())
     classifiers = meta.get_all("Classifier")
