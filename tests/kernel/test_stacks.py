@@ -31,8 +31,11 @@ def start_bg(k, name: str, source: str, said: str):
     """Start ``source`` as a background cell on worker1 (its handle: ``name``) and wait
     for the line ``said`` it prints once it is where the test wants it."""
     cell = k.execute(f"%%remote worker1 --bg -o {name}\n{source}")
+    if said in cell.stdout:  # printed before the starting cell itself ended
+        return
     got = k.later(cell.msg_id, until=lambda msgs: any(
-        said in m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"))
+        said in m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"),
+        timeout=60)
     assert any(said in m["content"].get("text", "") for m in got), got
     return cell
 
