@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import children_of, listening_addresses, worker_pids
 
 from rpcnb.session import rendezvous
@@ -94,6 +95,7 @@ def test_an_outsider_at_a_members_port_cannot_make_it_unpickle(group, tmp_path):
     assert group.execute("%%remote worker1 --fetch\n'still serving'").text == "'still serving'"
 
 
+@pytest.mark.serial  # a refusal is timed (within 5 s)
 def test_wrong_secret_or_version_is_refused_before_joining(group, kernel_factory):
     path = join_file(group)
     conn = json.loads(open(path).read())
