@@ -170,7 +170,7 @@ bench-ray: $(STAMP)
 # cannot run in a running group, with the reason read from their source; the tests whose
 # outcome differs; the counts (docs/existing-code.md). Everything in
 # test-results/conformance.json. CONFORMANCE_ARGS: more flags (-k barrier, --only rpcnb,
-# --list). About half an hour here; make test runs a sample (tests/kernel/test_torch_conformance.py).
+# --list). 15-25 minutes here; make test runs a sample (tests/kernel/test_torch_conformance.py).
 .PHONY: conformance
 conformance: $(STAMP)
 	$(BIN)/python scripts/conformance.py $(CONFORMANCE_ARGS)

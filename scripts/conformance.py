@@ -4,13 +4,16 @@ PyTorch ships the bodies of its RPC tests in the wheel: ``RpcTest``
 (torch/testing/_internal/distributed/rpc/rpc_test.py) and ``DistAutogradTest``
 (dist_autograd_test.py), written for four ranks named worker0..worker3. Two ways run them:
 
-- **rpcnb**: this process is worker0 of an rpcnb group with three workers (``rpcnb.init(3)``),
+- **rpcnb**: a process is worker0 of an rpcnb group with three workers (``rpcnb.init(3)``),
   and each test's body runs on the four ranks at once: on the workers as a cell
-  (``rpcnb.run``), here on a thread. Its ``@dist_init`` does not start or end RPC: the
-  group is already running, and the next test runs in it too. A test that uses
+  (``rpcnb.run``), in worker0 on a thread. Its ``@dist_init`` does not start or end RPC:
+  the group is already running, and the next test runs in it too. A test that uses
   ``torch.distributed``'s process group (``initialize_pg``, ``dist.barrier``) finds one
-  over the four ranks (gloo). A test that uses torch's profiler, whose state stays
-  behind, runs in a fresh group.
+  over the four ranks (gloo). A test that needs torch's state as a fresh process has it
+  (it uses torch's profiler, whose state stays behind; counts RRef ids from 0; reads
+  torch's debug counters) runs in a group of its own, and so does the rest after a test
+  that did not pass. Each group is led by a fresh interpreter: RRefs passed through
+  worker0 work in a process's first group only (docs/existing-code.md).
 - **torch**: torch's own harness (``MultiProcessTestCase`` with the TensorPipe fixture, as
   torch's ``test/distributed/rpc/test_tensorpipe_agent.py`` generates it): four fresh
   processes per test, each starting a static TensorPipe group of its own in ``init_rpc``
@@ -44,6 +47,7 @@ import inspect
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,13 +87,14 @@ def suite_class(suite: str) -> type:
 class Case:
     """One test: ``suite.name``; ``why_not`` says why it cannot run in a running group
     ("" when it can); ``pg``: it uses a torch.distributed process group; ``fresh``: it
-    runs in a group of its own (torch's profiler)."""
+    runs in a group of its own (``fresh_why``: torch's profiler, RRef ids, debug info)."""
 
     suite: str
     name: str
     why_not: str = ""
     pg: bool = False
     fresh: bool = False
+    fresh_why: str = ""
     topic: str = ""
 
     @property
@@ -134,6 +139,7 @@ class Reading:
     """What a test and everything it calls in its module do."""
 
     calls: set[str] = field(default_factory=set)  # dotted names called
+    strings: set[str] = field(default_factory=set)  # string constants (f-strings' parts)
     self_attrs: set[str] = field(default_factory=set)  # self.X read
     decorators: list[str] = field(default_factory=list)
     dist_init: list[dict[str, Any]] = field(default_factory=list)
@@ -174,6 +180,8 @@ def read(cls: type, name: str) -> Reading:
                                      for d in node.decorator_list]
             elif isinstance(node, ast.Call):
                 found.calls.add(_dotted(node.func))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.strings.add(node.value)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                     and node.value.id == "self":
                 found.self_attrs.add(node.attr)
@@ -222,8 +230,21 @@ def classify(suite: str, name: str) -> Case:
         why = "uses no RPC group (no @dist_init): nothing for a group to change"
     case.why_not = why
     case.pg = bool(_called(r, "initialize_pg") or any(c.startswith("dist.") for c in r.calls))
-    case.fresh = any("profil" in c.lower() or "record_function" in c for c in r.calls)
+    case.fresh_why = fresh_state(r)
+    case.fresh = bool(case.fresh_why)
     return case
+
+
+def fresh_state(r: Reading) -> str:
+    """Why a test needs torch's state as a fresh process has it ("": it does not): torch's
+    way gives every test four new processes, a group runs the next test in the same ones."""
+    if any("profil" in c.lower() or "record_function" in c for c in r.calls):
+        return "torch's profiler: its state stays behind"
+    if any("local_id=" in text for text in r.strings):
+        return "expects RRef ids counted from a fresh process's 0"
+    if _called(r, "_get_debug_info", "_rref_context_get_debug_info"):
+        return "counts a process's RRefs or autograd contexts (debug info)"
+    return ""
 
 
 def cases(pattern: str = "") -> list[Case]:
@@ -295,18 +316,28 @@ _fresh_state: dict[str, dict[str, Any]] = {}
 _KEPT = (int, float, bool, str, type(None), list, set, dict)
 
 
+class _Same:
+    """A global kept as the very object (a function, a class: a test may delete one)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 def _snapshot(module: types.ModuleType) -> dict[str, Any]:
-    """The module's globals a test may change (counters, flags, lists, futures, tensors),
-    as a fresh process has them."""
+    """The module's globals as a fresh process has them: counters, flags, lists, futures
+    and tensors by value (a test may change them), everything else as the object."""
     import torch
 
-    said = {}
+    said: dict[str, Any] = {}
     for key, value in vars(module).items():
         if key.startswith("__"):
             continue
-        if type(value) in _KEPT or isinstance(value, (concurrent.futures.Future, torch.Tensor)):
-            said[key] = copy.deepcopy(value) if not isinstance(
-                value, concurrent.futures.Future) else None
+        if isinstance(value, concurrent.futures.Future):
+            said[key] = None
+        elif type(value) in _KEPT or isinstance(value, torch.Tensor):
+            said[key] = copy.deepcopy(value)
+        else:
+            said[key] = _Same(value)
     return said
 
 
@@ -316,7 +347,10 @@ def _restore(module: types.ModuleType, said: dict[str, Any]) -> None:
 
     for key, value in said.items():
         now = vars(module).get(key)
-        if isinstance(now, concurrent.futures.Future):
+        if isinstance(value, _Same):
+            if now is not value.value:  # deleted or rebound (test_function_not_on_callee)
+                setattr(module, key, value.value)
+        elif isinstance(now, concurrent.futures.Future):
             setattr(module, key, concurrent.futures.Future())
         elif isinstance(now, list) and isinstance(value, list):
             now[:] = copy.deepcopy(value)
@@ -348,6 +382,8 @@ def in_group_class(suite: str) -> type:
         if inspect.isfunction(member) and _dist_init_args(member) is not None:
             plain[key] = _plain(member)
     cls = type(f"InGroup{suite}", (base, TensorPipeRpcAgentTestFixture, TestCase), plain)
+    cls.__module__ = __name__  # a test sends its bound methods: by this name, as torch's do
+    globals()[cls.__name__] = cls
     _classes[suite] = cls
     return cls
 
@@ -421,8 +457,8 @@ WORKERS = [f"worker{i}" for i in range(1, WORLD)]
 
 
 class InGroup:
-    """Runs cases on the four ranks of the rpcnb group this process is worker0 of (one
-    made by ``start``, or one the caller made: ``rpcnb.init(3)``)."""
+    """Runs cases on the four ranks of the rpcnb group this process is worker0 of
+    (``rpcnb.init(3)``: ``run_group``'s, or a kernel's ``%rpc_init --workers 3``)."""
 
     def __init__(self) -> None:
         self.session: Any = None
@@ -682,10 +718,19 @@ def report(all_cases: list[Case], rpcnb_way: dict[str, Any], torch_way: dict[str
             lines.append(f"  {c.id}: rpcnb {rpcnb_way[c.id]['status']}, torch "
                          f"{torch_way[c.id]['status']}")
             for way, got in (("rpcnb", rpcnb_way), ("torch", torch_way)):
-                said = (got[c.id].get("error") or "").strip().splitlines()
+                said = gist(got[c.id].get("error") or "")
                 if said:
-                    lines.append(f"    {way}: {said[-1][:200]}")
+                    lines.append(f"    {way}: {said}")
     return "\n".join(lines)
+
+
+def gist(error: str) -> str:
+    """The line of a test's error that says what went wrong (its exception's, else its
+    last), without torch's hint on how to run it again."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip() and not ln.startswith(
+        ("To execute this test", "This message can be suppressed", "    python "))]
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b.*", ln)]
+    return ((raised or lines or [""])[-1])[:240]
 
 
 def listing(all_cases: list[Case]) -> str:
@@ -697,6 +742,13 @@ def listing(all_cases: list[Case]) -> str:
              "running group. The others:"]
     for reason, ids in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
         lines.append(f"  {reason} ({len(ids)}): {', '.join(i.split('.', 1)[1] for i in ids)}")
+    fresh: dict[str, list[str]] = {}
+    for c in all_cases:
+        if c.fresh and not c.why_not:
+            fresh.setdefault(c.fresh_why, []).append(c.id)
+    lines.append("Each in a fresh group (torch's way gives every test fresh processes):")
+    for reason, ids in sorted(fresh.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {reason} ({len(ids)}): {', '.join(ids)}")
     lines.append(f"Sample ({SAMPLE_RULE}):")
     lines.append("  " + ", ".join(sample(all_cases)))
     return "\n".join(lines)

@@ -162,6 +162,8 @@ def declare(s: Session, name: str, how: str) -> None:
     comms.worker_died(name)  # its widgets close in the front end
     with s.lock:
         pid = s.members[name].pid if name in s.members else None
+        # which process of that name died: %rpc_restart may admit a new one meanwhile
+        rank = s.members[name].rank if name in s.members else -1
     if pid:
         shm.remove_segments_of(pid)
     try:
@@ -169,7 +171,7 @@ def declare(s: Session, name: str, how: str) -> None:
     except Exception as exc:  # keep watching; report in the log
         print(f"rpcnb: could not remove {name} from the group: {exc}", file=sys.__stderr__)
     roster.member_gone(s, name)
-    roster.broadcast_death(s, name, how)
+    roster.broadcast_death(s, name, how, rank)
 
 
 def watch_leader(s: Session, pid: int) -> None:

@@ -139,10 +139,10 @@ def registry(s: Session) -> list[tuple[str, int]]:
     return s.admitted()
 
 
-def member_died(s: Session, name: str, how: str) -> None:
-    """The leader says ``name`` died (or ``name`` says it leaves: ``how`` is "left")."""
-    s.mark_dead(name, how)
-    roster.member_gone(s, name)
+def member_died(s: Session, name: str, how: str, rank: int = -1) -> None:
+    """The leader says ``name`` (the process of ``rank``) died, or ``name`` says it leaves
+    (``how`` is "left")."""
+    roster.death_heard(s, str(name), str(how), int(rank))
 
 
 def member_joined(s: Session, name: str, rank: int) -> None:

@@ -112,12 +112,32 @@ def admit(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) ->
 
 
 def learn_member(s: Session, name: str, rank: int) -> None:
-    """The leader admitted ``name`` (``admit``): this member counts it from now on."""
+    """The leader admitted ``name`` as ``rank`` (``admit``): this member counts it from now
+    on, also when the death of an earlier process of that name (``%rpc_restart``: another
+    rank) reached it after the leader's ``member_back``."""
     with s.lock:
+        m = s.members.get(name)
         if name in s.dead:
-            return
-        s.members.setdefault(name, Member(name, rank))
+            if m is not None and m.rank == rank:
+                return  # this very process died since it was admitted
+            del s.dead[name]
+        if m is None or not m.alive or m.rank != rank:
+            s.members[name] = Member(name, rank)
     names_changed(s)
+
+
+def death_heard(s: Session, name: str, how: str, rank: int = -1) -> None:
+    """The leader says ``name`` died (``how``; ``rank``: which process of that name, -1
+    when not known), or ``name`` says it leaves (``how`` is "left"). The death of an
+    earlier process of a name admitted again since (a restart) is not this one's."""
+    with s.lock:
+        m = s.members.get(name)
+        if rank >= 0 and m is not None and m.alive and m.rank != rank:
+            return
+        if m is None and rank >= 0:
+            s.members[name] = Member(name, rank)
+    s.mark_dead(name, how)
+    member_gone(s, name)
 
 
 def live_names(s: Session, ask: bool = True) -> list[str]:
@@ -306,11 +326,12 @@ def forget(s: Session, name: str, steal_any: bool = False) -> None:
     _torch.remove_member(name, tell, steal_any=steal_any)
 
 
-def broadcast_death(s: Session, name: str, how: str) -> None:
-    """Tell every other live member that ``name`` died, so their calls fail fast too."""
+def broadcast_death(s: Session, name: str, how: str, rank: int = -1) -> None:
+    """Tell every other live member that ``name`` (the process of ``rank``) died, so their
+    calls fail fast too."""
     for other in live_names(s):
         if other not in (s.name, name):
             try:
-                protocol.call_async(s.token, other, "member_died", name, how, timeout=5)
+                protocol.call_async(s.token, other, "member_died", name, how, rank, timeout=5)
             except Exception:
                 pass

@@ -73,12 +73,9 @@ SAMPLE = [
     "RpcTest.test_profiler_with_remote_builtin_single_threaded",
 ]
 
-# where a group differs from torch's own way on purpose (docs/existing-code.md)
-DIFFERS = {
-    "RpcTest.test_py_raise_in_user_func": (
-        "the callee's stderr does not show the error of a call it ran: rpcnb sends a call's "
-        "output, and its error, to the member that made the call"),
-}
+# tests where a group differs from torch's own way on purpose, and why (make conformance
+# says which): none now
+DIFFERS: dict[str, str] = {}
 
 
 def test_the_sample_follows_its_rule():
