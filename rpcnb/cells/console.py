@@ -25,12 +25,11 @@ import pdb
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import errors
-from rpcnb.cells.output import router
+from rpcnb.cells.output import hidden, router, user_frames
 from rpcnb.session import protocol
 
 POLL = 0.02  # seconds between looks at an answer's future (an interrupt gets in between)
@@ -127,11 +126,6 @@ HIDDEN = ("rpcnb", "rpcnb.*", "torch.distributed.*", "torch.futures", "threading
           "concurrent.*")
 
 
-def _hidden(frame: Any) -> bool:
-    name = frame.f_globals.get("__name__", "") or ""
-    return name == "rpcnb" or name.startswith(("rpcnb.", "torch.distributed.", "concurrent."))
-
-
 class RemotePdb(pdb.Pdb):
     """pdb on a worker, its commands read in the notebook (``input``, replaced by ``ask``),
     its output the cell's. rpcnb's and torch RPC's frames are hidden: ``w`` shows the
@@ -153,7 +147,7 @@ class RemotePdb(pdb.Pdb):
         # agent, the worker's main above them); a post-mortem's traceback starts there
         cut = 0
         for k in range(min(i, len(stack) - 1), -1, -1):
-            if _hidden(stack[k][0]):
+            if hidden(stack[k][0]):
                 cut = k + 1
                 break
         if cut > i:  # stopped in a hidden frame (should not be): show it all
@@ -220,9 +214,7 @@ class Kept:
     def keep(self, kind: str, exc: BaseException, where: str) -> None:
         if isinstance(exc, (KeyboardInterrupt, bdb.BdbQuit, SystemExit, NothingToDebug)):
             return
-        tb = exc.__traceback__
-        while tb is not None and _hidden(tb.tb_frame):
-            tb = tb.tb_next
+        tb = user_frames(exc.__traceback__)
         if tb is None:
             return
         setattr(self, kind, Failure(exc, tb, where, time.time()))
@@ -262,14 +254,6 @@ def install_worker() -> None:
     pdb.set_trace = set_trace
     sys.stdin = RemoteStdin()
     sys.breakpointhook = breakpoint_hook
-
-
-def formatted(exc: BaseException) -> str:
-    """A traceback without rpcnb's frames (a failure kept for post-mortem)."""
-    tb = exc.__traceback__
-    while tb is not None and _hidden(tb.tb_frame):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 # -- where the cell waits ----------------------------------------------------------------

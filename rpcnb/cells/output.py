@@ -513,15 +513,24 @@ def rpc_me() -> Any:
     return rpc.get_worker_info()
 
 
+def hidden(frame: Any) -> bool:
+    """Whether ``frame`` is rpcnb's or torch RPC's machinery (never shown to a user)."""
+    name = frame.f_globals.get("__name__", "") or ""
+    return name == "rpcnb" or name.startswith(("rpcnb.", "torch.distributed.", "concurrent."))
+
+
+def user_frames(tb: Any) -> Any:
+    """``tb`` from its first frame that is not ``hidden``."""
+    while tb is not None and hidden(tb.tb_frame):
+        tb = tb.tb_next
+    return tb
+
+
 def user_traceback(exc: BaseException) -> str:
     """``exc``'s traceback from its first frame that is not rpcnb's or torch RPC's."""
     import traceback
 
-    tb = exc.__traceback__
-    while tb is not None and (tb.tb_frame.f_globals.get("__name__") or "").startswith(
-            ("rpcnb.", "torch.distributed.")):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    return "".join(traceback.format_exception(type(exc), exc, user_frames(exc.__traceback__)))
 
 
 AWKWARD_EXCEPTION = (
