@@ -135,8 +135,10 @@ def start(engines: int, launcher: str = "local", cluster_args: str | dict[str, A
     try:
         client = cluster.start_and_connect_sync(n=engines, activate=True)  # %%px works
     except Exception as exc:
+        said = _engines_said(cluster)
         _stop(cluster, None)
-        raise RpcnbError(errors.CLUSTER_FAILED.format(launcher=launcher, reason=_first(exc))) from None
+        raise RpcnbError(errors.CLUSTER_FAILED.format(launcher=launcher, reason=_first(exc))
+                         + said) from None
     return _make_group(client, cluster, owned=True, timeout=timeout, init_kwargs=init_kwargs)
 
 
@@ -310,6 +312,27 @@ def _first(exc: BaseException) -> str:
     if ename:
         return f"{ename}: {evalue}"
     return (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+
+
+def _engines_said(cluster: Any, lines: int = 8) -> str:
+    """The last ``lines`` of what each engine printed (its log, fetched by its launcher: over
+    ssh for the ssh launcher), for an error about engines that did not register; empty when
+    none printed anything or the launcher cannot tell (never raises)."""
+    parts = []
+    try:
+        sets = list(getattr(cluster, "engines", {}).values())
+    except Exception:
+        return ""
+    for engine_set in sets:
+        for key, launcher in sorted(getattr(engine_set, "launchers", {}).items()):
+            try:
+                text = launcher.get_output() or ""
+            except Exception:
+                continue
+            tail = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+            if tail:
+                parts.append(f"\nengine {key} printed:\n" + "\n".join("  " + t for t in tail))
+    return "".join(parts)
 
 
 def _stop(cluster: Any, client: Any) -> None:

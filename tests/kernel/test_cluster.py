@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -155,6 +156,33 @@ def test_bad_cluster_lines_say_what_to_do(kernel):
         out = kernel.execute(line, allow_error=True)
         assert message in out.traceback, (line, out.traceback)
     assert not kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()")
+
+
+def test_engines_that_never_register_are_named_with_what_they_printed(kernel, tmp_path):
+    # an engine command that starts, says why it cannot go on, and waits: ipyparallel's
+    # timeout alone says "not ready"; the error shows each engine's own last words
+    script = tmp_path / "stuck_engine.py"
+    script.write_text("import time\nprint('waiting for a licence server', flush=True)\n"
+                      "time.sleep(600)\n")
+    kernel.execute("%load_ext rpcnb")
+    out = kernel.execute(
+        f"%rpc_init --engines 2 --cluster-args \"profile_dir={tmp_path / 'profile'} "
+        f"engine_timeout=10 LocalEngineSetLauncher.engine_cmd=['{sys.executable}','{script}']\"",
+        allow_error=True, timeout=90)
+    assert "2 engines not ready in 10 seconds" in out.traceback, out.traceback
+    for engine in ("0", "1"):
+        assert f"engine {engine} printed:\n  waiting for a licence server" in out.traceback, \
+            out.traceback
+    assert not wait_gone([p for p in descendants(kernel.pid)
+                          if "stuck_engine" in " ".join(_cmdline(p))])
+    assert not kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:
+        return []
 
 
 MPIEXEC = shutil.which("mpiexec")
