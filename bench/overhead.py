@@ -188,6 +188,42 @@ for line in sys.stdin:
 ray.shutdown()
 """
 
+# the floor of a no-op call between two processes: one byte there and back over two pipes
+# (a call is at least that: a wake-up of the other process and one of this one)
+PIPE = r"""
+import json, os, sys, time
+r1, w1 = os.pipe()
+r2, w2 = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(w1); os.close(r2)
+    while True:
+        b = os.read(r1, 1)
+        if not b:
+            os._exit(0)
+        os.write(w2, b)
+os.close(r1); os.close(w2)
+def rt():
+    os.write(w1, b"x")
+    os.read(r2, 1)
+print("READY", flush=True)
+for line in sys.stdin:
+    ask = json.loads(line)
+    if ask.get("quit"):
+        break
+    for _ in range(ask["warm"]):
+        rt()
+    out = []
+    for _ in range(ask["n"]):
+        t0 = time.perf_counter()
+        rt()
+        out.append(time.perf_counter() - t0)
+    print("TIMES " + json.dumps(out), flush=True)
+os.close(w1)
+os.waitpid(pid, 0)
+"""
+PIPE_ROW = "pipe round trip"
+
 
 class Driver:
     """One driver process (a group of two, or Ray), asked for batches of timed calls."""
@@ -277,8 +313,11 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
         # where it is compared, and gone again before the large transfers.
         if ray:
             drivers["ray"] = Driver(RAY)
+        drivers["floor"] = Driver(PIPE)
+        times["floor"] = {}
         peers = [("rpcnb", "rpcnb.run no-op", "rpcnb.run no-op"),
-                 ("torch", "rpc_sync python fn (again)", "rpc_sync python fn")]
+                 ("torch", "rpc_sync python fn (again)", "rpc_sync python fn"),
+                 ("floor", PIPE_ROW, "")]
         if ray:
             peers.append(("ray", "ray actor call", ""))
         for turn in range(turns):
@@ -291,6 +330,7 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
                 times["rpcnb"].setdefault(PAIRED, []).append(cell)
         if ray:
             drivers.pop("ray").close()
+        drivers.pop("floor").close()
         # a row measured against another of this driver's takes turns with it (ABBA), as the
         # two groups do above: this VM's memory bandwidth moves within a minute, and a
         # memcpy and the push+fetch it is compared with, seconds apart, differed by a third
@@ -318,6 +358,8 @@ def measure_turns(calls: int = 300, turns: int = 3) -> dict[str, Any]:
     if ray:
         rows.append({"call": "ray actor call", "torch_ms": None, "rpcnb_ms": None,
                      "ray_ms": med["ray"]["ray actor call"]})
+    rows.append({"call": PIPE_ROW, "torch_ms": None, "rpcnb_ms": None,
+                 "floor_ms": med["floor"][PIPE_ROW]})
     targets = []
     for row, _measured, against, limit in TARGETS:
         value = med["rpcnb"][row]
@@ -351,6 +393,9 @@ def table(result: dict[str, Any]) -> str:
         if "ray_ms" in r:
             lines.append(f"{r['call']:34s} {'':>9s} {ms(r['ray_ms']):>9s}  (Ray)")
             continue
+        if "floor_ms" in r:
+            lines.append(f"{r['call']:34s} {'':>9s} {ms(r['floor_ms']):>9s}  (floor)")
+            continue
         ratio = f"{r['rpcnb_ms'] / r['torch_ms']:.2f}" if r["torch_ms"] else ""
         lo, _mid, hi = r.get("turn_ratios") or (None, None, None)
         spread = f"  {lo:.2f}-{hi:.2f}" if lo is not None else ""
@@ -382,6 +427,9 @@ def report(section: dict[str, Any], results: dict[str, Any]) -> Any:
     for r in section["rows"]:
         if "ray_ms" in r:
             rows.append([r["call"], "", f"{r['ray_ms']:.3f} (Ray)", "", ""])
+            continue
+        if "floor_ms" in r:
+            rows.append([r["call"], "", f"{r['floor_ms']:.3f} (floor)", "", ""])
             continue
         t, spread = r["torch_ms"], r.get("turn_ratios")
         rows.append([r["call"], "" if t is None else f"{t:.3f}", f"{r['rpcnb_ms']:.3f}",

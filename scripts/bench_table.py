@@ -118,19 +118,27 @@ def _overhead(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # -- rows: each reads one JSON; a KeyError (or an empty list) means "not measured" --------
 
 
+def _pipe(rows: dict[str, dict[str, Any]]) -> str:
+    """The floor of a call between two processes, where the run measured it."""
+    floor = rows.get("pipe round trip", {}).get("floor_ms")
+    return ms(floor) + " (pipe round trip)" if floor else ""
+
+
 def noop_groups(data: dict[str, Any]) -> Row:
     rows = _overhead(data["ray"])
     ray = rows.get("ray actor call", {}).get("ray_ms")
     return Row("no-op call, `rpcnb.run` (groups of two)", "ray",
                ms(rows["rpcnb.run no-op"]["rpcnb_ms"]),
-               torch=ms(rows["rpc_sync python fn"]["torch_ms"]), ray=ms(ray) if ray else "")
+               torch=ms(rows["rpc_sync python fn"]["torch_ms"]), ray=ms(ray) if ray else "",
+               floor=_pipe(rows))
 
 
 def noop_kernel(data: dict[str, Any]) -> Row:
     rt = data["bench"]["results"]["roundtrip"]
     return Row("no-op call from a notebook kernel", "bench", ms(rt["rpcnb.run"]["median_ms"]),
                torch=ms(rt["rpc_sync"]["median_ms"]),
-               ipyparallel=ms(rt["ipp apply_sync"]["median_ms"]))
+               ipyparallel=ms(rt["ipp apply_sync"]["median_ms"]),
+               floor=_pipe(_overhead(data["bench"]["results"].get("overhead", {"rows": []}))))
 
 
 def remote_cell(data: dict[str, Any]) -> Row:
