@@ -58,8 +58,12 @@ def check_everyone_agrees(names: list[str]) -> None:
     over everyone work."""
     import torch.distributed.rpc as rpc
 
-    ranks = {w.name: w.id for w in rpc._get_current_rpc_agent().get_worker_infos()}
-    assert sorted(ranks) == names
+    def ranks_now() -> dict[str, int]:
+        return {w.name: w.id for w in rpc._get_current_rpc_agent().get_worker_infos()}
+
+    # a member that died: the leader marks it dead, then drops it from torch's group
+    assert wait_until(lambda: sorted(ranks_now()) == names, timeout=10), ranks_now()
+    ranks = ranks_now()
     assert wait_until(lambda: all(view == names for view in views().values()), timeout=10), views()
     said = on_every_member(GATHER)
     assert sorted(said) == names
