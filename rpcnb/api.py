@@ -201,7 +201,12 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
             del server
             teardown.push("rendezvous store", served.clear)
             init_method = f"tcp://{host}:{port}"
-        runner = start.kernel_runner(name)
+        from rpcnb.membership import kept
+
+        keeper = kept.this_is_the_keeper()
+        if keeper:  # the workers (opts go to them) leave it out of all-gathers and --all
+            opts["keeper"] = True
+        runner = start.kernel_runner(name, roster.KEEPER_KIND if keeper else "kernel")
         teardown.push("cell runner", runner.stop)
         my_rank = roster.fixed_rank() or 0
         # TensorPipe listens on TP_SOCKET_IFNAME; the workers inherit it (for this group)
@@ -260,7 +265,7 @@ def attach(group: str | None = None, *, name: str | None = None) -> Group:
 
     Args:
         group: the kept group's name (``groups()`` lists them); None: the one there is.
-        name: this process's name in the group (default ``kernel-PID``).
+        name: this process's name in the group (default ``kernel_PID``).
 
     Returns:
         The group, this process included.
@@ -277,7 +282,7 @@ def attach(group: str | None = None, *, name: str | None = None) -> Group:
     claim = kept.claim(rec)  # the second kernel to attach is told which one is
     t0 = time.monotonic()
     try:
-        view = join(rec.connection, name or f"kernel-{os.getpid()}")
+        view = join(rec.connection, name or f"kernel_{os.getpid()}")
     except BaseException:
         kept.release(rec.name, claim)
         raise
@@ -290,6 +295,11 @@ def attach(group: str | None = None, *, name: str | None = None) -> Group:
     views.ask_busy(s)  # the cells the workers still run, said in the report
     view = views.group(refresh=False)
     print(kept.report(rec, view, seconds))
+    from rpcnb.cells import background
+
+    # the cells the kernel before left running (or that ended since): this kernel's now
+    for line in background.adopted_lines(background.adopt(s)):
+        print(line)
     return view
 
 

@@ -30,8 +30,9 @@ NAME_CLASH = (
     "pick a name that is not workerK."
 )
 BAD_NAME = (
-    "{name!r} is not a valid worker name: use letters, digits, '_' and '-' only "
-    "(at most 64 characters)."
+    "{name!r} is not a valid worker name: use letters, digits and '_' only, starting with a "
+    "letter or '_' (at most 64 characters). Not '-': torch splits a member's name from its "
+    "rank at '-', and every member that joins later would wait for a name cut in two."
 )
 JOIN_NOT_FOUND = (
     "No rpcnb group answers at {addr!r}: check the address printed by %rpc_init on the "
@@ -84,13 +85,14 @@ KEPT_ATTACHED_TO = (
     "rpcnb: attached to kept group {group} in {seconds:.1f} s ({idle}): {workers} kept "
     "their names, namespaces and running cells."
 )
-KEPT_BUSY = "rpcnb: {worker} runs {cell} (for {seconds:.0f} s): its output comes to no kernel"
+KEPT_BUSY = "rpcnb: {worker} runs {cell} (for {seconds:.0f} s)"
 KEPT_DIED = "rpcnb: {worker} died while no kernel was attached ({how}); its namespace is lost."
 KEPT_NOT_KEPT = (
     "rpcnb: not kept from the kernel before: the RRefs it held (their values stay on the "
     "workers, under the names the cells gave them), its notebook variables (what it "
-    "--push'ed stays on the workers), and its background cells' handles (%rpc_workers "
-    "shows what still runs). %rpc_shutdown ends the kept group; leaving the kernel keeps it."
+    "--push'ed stays on the workers) and its collectives. Its cells that ran on are this "
+    "kernel's background cells now (below, and %rpc_jobs). %rpc_shutdown ends the kept "
+    "group; leaving the kernel keeps it."
 )
 KEPT_IDLE_TODO = (
     "it holds its workers' memory while no kernel drives it: %rpc_init --attach {group} "
@@ -263,6 +265,23 @@ ATTACH_NOT_FOUND = (
     "No running ipyparallel cluster {where!r}: give a cluster id from `ipcluster list`, "
     "PROFILE:CLUSTER_ID, a profile name or a profile directory, and check the cluster runs."
 )
+ADOPTED_RUNNING = ("[{id}] on {worker} still runs `{cell}` (started by {origin}, "
+                   "{seconds:.0f} s ago): what it prints from now on shows below")
+ADOPTED_ENDED = ("[{id}] on {worker} ran `{cell}` (started by {origin}) and ended "
+                 "{ago:.0f} s ago while no kernel was attached: {status}")
+ADOPTED_HOW = ("%rpc_jobs ID shows what a cell printed while no kernel was attached and "
+               "its result; rpcnb.jobs() gives their handles (.result(), .output()).")
+BG_OUTPUT_HERE = ("[{id}] started in this kernel: its output is in the cell that started "
+                  "it.")
+BG_KEPT_HEADER = "What it printed on {workers} while no kernel was attached ({origin} had gone):"
+BG_RESULT = "[{id}] ended: {value}"
+BG_FAILED = "[{id}] failed: {error}"
+NO_SUCH_JOB = "No background cell [{id}] in this kernel (its cells: {known}); %rpc_jobs --all lists them."
+ADOPTED_NOTE = ("{ids}: started by {origins}, which went away; taken over when this kernel "
+                "attached. %rpc_jobs ID shows what one printed meanwhile.")
+BG_KEPT_NOTHING = "[{id}] printed nothing on {workers} while no kernel was attached."
+NO_ORPHAN = ("{worker} keeps no cell {call_id} for this kernel: it was adopted by another "
+             "kernel, or ended and was dropped (a member keeps the last 8)")
 CLUSTER_FAILED = "ipyparallel could not start the engines with the {launcher} launcher: {reason}"
 NO_ENGINES = "The ipyparallel cluster has no engines to make members: start some first."
 ENGINES_ELSEWHERE = (

@@ -112,7 +112,7 @@ export interface IKept {
   dead: { [worker: string]: string };
   /** when it started, in seconds since the epoch */
   since: number;
-  /** the kernel attached ("kernel-PID"), "" for none */
+  /** the kernel attached ("kernel_PID"), "" for none */
   attached: string;
   /** since when no kernel has been attached (null while one is) */
   idle_since: number | null;

@@ -10,14 +10,17 @@ behind it there (a worker runs one cell at a time); the handle and the later cel
 from __future__ import annotations
 
 import contextvars
+import queue
 import sys
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from rpcnb import errors, progress, text
+from rpcnb import errors, progress, telemetry, text
 from rpcnb.cells import call
+from rpcnb.cells.printer import Printer
+from rpcnb.errors import RpcnbError
 from rpcnb.session import protocol, state
 
 PROGRESS_INTERVAL = 0.5  # seconds between updates of wait_interactive's display
@@ -42,6 +45,13 @@ class BackgroundCell:
         self._value: Any = None
         self._error: BaseException | None = None
         self._sent: call.Sent | None = None
+        # adopted (rpcnb.cells.orphans): the kernel that started it, and what it printed
+        # while no kernel was attached
+        self.origin = ""
+        self.kept: list[Any] = []
+        # it had ended before this kernel attached: how ("done", "failed: NameError"), said
+        # in the attach's report
+        self.kept_ended = ""
 
     # -- what a user calls
     def ready(self) -> bool:
@@ -140,17 +150,33 @@ class BackgroundCell:
                ".wait_interactive(); %rpc_jobs lists background cells")
 
     # -- the thread that follows it
+    def output(self) -> None:
+        """Print what an adopted cell printed while no kernel was attached (its output
+        since went into the cell that attached; a cell of this kernel prints into the cell
+        that started it)."""
+        if not self.origin:
+            print(errors.BG_OUTPUT_HERE.format(id=self.id))
+            return
+        if not self.kept:
+            print(errors.BG_KEPT_NOTHING.format(id=self.id, workers=", ".join(self.workers)))
+            return
+        printer = Printer(False)
+        printer.items(self.workers[0], self.kept)
+        printer.finish()
+
     def _follow(self, s: state.Session, sent: call.Sent, timeout: float | None) -> None:
         try:
-            call.wait(s, sent, timeout, prefix=self.many, cancel=self._cancel)
+            call.wait(s, sent, timeout, prefix=self.many or bool(self.origin),
+                      cancel=self._cancel)
             self._value = sent.outcome(self.many)
         except BaseException as exc:  # noqa: BLE001 - kept for result(); shown below
             self._error = exc
         finally:
             sent.forget(s)
-            self.ended = time.monotonic()
+            if self.ended is None:  # an adopted cell that had ended: when it did
+                self.ended = time.monotonic()
             self._done.set()
-        if self._error is not None:
+        if self._error is not None and not (self.origin and self.kept_ended):
             print(f"rpcnb: background cell [{self.id}] on {', '.join(self.workers)} ended: "
                   f"{type(self._error).__name__}: {self._error}", file=sys.stderr)
         _flush()
@@ -210,6 +236,86 @@ def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = Fals
     return job
 
 
+def adopt(s: state.Session, timeout: float = ASK_S) -> list[BackgroundCell]:
+    """This kernel attached to a kept group: take over the cells whose kernel went away
+    while they ran (``rpcnb.cells.orphans``), from every worker at once, as background
+    cells of this kernel (``%rpc_jobs`` lists them, ``output()`` prints what they printed
+    while no kernel was attached). Those still running print into the calling cell
+    from now on, each line marked with its worker."""
+    with s.lock:
+        names = [n for n, m in s.members.items() if n != s.name and m.alive
+                 and n not in s.dead and n not in s.unreachable]
+    asked = {}
+    for name in names:
+        try:
+            asked[name] = protocol.call_async(s.token, name, "adopt", s.name, timeout=timeout)
+        except Exception:
+            pass
+    told = []
+    for name, fut in asked.items():
+        try:
+            told += [(name, rec) for rec in fut.wait()]
+        except Exception:  # a member that keeps none (an older rpcnb)
+            continue
+    ctx = contextvars.copy_context()  # the attaching cell's: their output goes there
+    # numbered in the order they began, as the kernel before would have numbered them
+    return [_adopted(s, name, rec, ctx) for name, rec in sorted(told, key=lambda t: t[1]["since"])]
+
+
+def _adopted(s: state.Session, worker: str, rec: dict[str, Any],
+             ctx: contextvars.Context) -> BackgroundCell:
+    with s.lock:
+        s.jobs_started += 1
+        job = BackgroundCell(s.jobs_started, [worker], rec["source"], False, {})
+    job.origin, job.kept = rec["caller"], list(rec["kept"])
+    now_wall, now = time.time(), time.monotonic()
+    job.started = now - (now_wall - rec["since"])
+    if rec["ended"] is not None:
+        job.ended, job.kept_ended = now - (now_wall - rec["ended"]), rec["status"]
+    cid = rec["call_id"]
+    inbox: Any = queue.SimpleQueue()
+    c = call.Call(cid, worker, inbox, next_seq=int(rec["next_seq"]))
+    sent = call.Sent({cid: c}, inbox, telemetry.now(), time.perf_counter())
+    with s.lock:
+        s.calls[cid] = c  # its output is delivered to it from now on
+        s.background[job.id] = job
+    job._sent = sent
+    try:
+        c.future = protocol.call_async(s.token, worker, "orphan_result", cid, s.name,
+                                       timeout=None)
+    except Exception as exc:
+        c.future = _failed(exc)
+    c.future.add_done_callback(lambda _: inbox.put(("__done__", cid, -1, [])))
+    threading.Thread(target=ctx.copy().run, args=(job._follow, s, sent, None),
+                     name=f"rpcnb-bg-{job.id}", daemon=True).start()
+    return job
+
+
+def _failed(exc: BaseException) -> Any:
+    import torch
+
+    fut: Any = torch.futures.Future()
+    fut.set_exception(exc)
+    return fut
+
+
+def adopted_lines(found: list[BackgroundCell]) -> list[str]:
+    """What the attach says of the cells it took over, one line each."""
+    lines = []
+    for j in found:
+        if j.kept_ended:
+            lines.append(errors.ADOPTED_ENDED.format(
+                id=j.id, worker=j.workers[0], cell=j.line(), origin=j.origin,
+                status=j.kept_ended, ago=max(0.0, time.monotonic() - (j.ended or time.monotonic()))))
+        else:
+            lines.append(errors.ADOPTED_RUNNING.format(
+                id=j.id, worker=j.workers[0], cell=j.line(), origin=j.origin,
+                seconds=j.elapsed))
+    if found:
+        lines.append(errors.ADOPTED_HOW)
+    return lines
+
+
 def current_lines(found: list[BackgroundCell],
                   timeout: float = ASK_S) -> dict[int, dict[str, str]]:
     """Where each running cell of ``found`` is now, per worker (``line 4: time.sleep(1)``):
@@ -259,7 +365,34 @@ def jobs(include_ended: bool = True) -> list[BackgroundCell]:
     s = state.current()
     with s.lock:
         found = sorted(s.background.values(), key=lambda j: j.id)
-    return [j for j in found if include_ended or not j.ready()]
+    # a cell that ended while no kernel was attached is news to this one: listed as well
+    return [j for j in found if include_ended or not j.ready() or j.kept_ended]
+
+
+def show(job_id: int) -> None:
+    """``%rpc_jobs ID``: the cell's row, what an adopted cell printed while no kernel was
+    attached, and how it ended (its value, or its error and remote traceback)."""
+    s = state.current()
+    with s.lock:
+        job = s.background.get(job_id)
+        known = sorted(s.background)
+    if job is None:
+        raise RpcnbError(errors.NO_SUCH_JOB.format(
+            id=job_id, known=", ".join(f"[{i}]" for i in known) or "none"))
+    print(JobTable([job]))
+    if job.origin:
+        print(errors.BG_KEPT_HEADER.format(workers=", ".join(job.workers), origin=job.origin))
+        job.output()
+    if not job.ready():
+        return
+    err = job.error()
+    if err is None:
+        print(errors.BG_RESULT.format(id=job.id, value=repr(job.result(0))))
+    else:
+        print(errors.BG_FAILED.format(id=job.id, error=f"{type(err).__name__}: {err}"))
+        tb = getattr(err, "traceback", "")
+        if tb:
+            print(tb.rstrip())
 
 
 class JobTable:
@@ -279,7 +412,11 @@ class JobTable:
             rows.append((f"[{j.id}]", ",".join(j.workers), j.status, f"{j.elapsed:.1f}",
                          j.line(), "; ".join(where if len(now) == 1 else f"{w}: {where}"
                                              for w, where in now.items())))
-        return text.table(rows)
+        adopted = [j for j in self.jobs if j.origin]
+        note = "\n" + errors.ADOPTED_NOTE.format(
+            ids=", ".join(f"[{j.id}]" for j in adopted),
+            origins=", ".join(sorted({j.origin for j in adopted}))) if adopted else ""
+        return text.table(rows) + note
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))

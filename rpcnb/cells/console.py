@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import errors
-from rpcnb.cells.output import hidden, router, user_frames
+from rpcnb.cells.frames import hidden, user_frames
+from rpcnb.cells.output import router
 from rpcnb.session import protocol
 
 POLL = 0.02  # seconds between looks at an answer's future (an interrupt gets in between)

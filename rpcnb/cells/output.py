@@ -22,10 +22,12 @@ import time
 from typing import Any
 
 from rpcnb import machine, progress
+from rpcnb.cells.frames import rpc_me, sendable, user_traceback
 from rpcnb.session import protocol, state
 from rpcnb.wire import limits
 
 FLUSH_INTERVAL = 0.1  # seconds between output batches while a cell runs
+HELD_CHARS = 1 << 20  # of a cell's output kept while its caller is gone (the last part)
 
 
 def squash(text: str, final: bool = True) -> str:
@@ -66,6 +68,9 @@ class Capture:
         self._seq = 0
         self._futures: list[tuple[Any, int]] = []  # (delivery, its bytes)
         self.large = False  # a batch was large: memory to give back once delivered
+        # the caller went away (rpcnb.cells.orphans): batches are kept here, not sent
+        self.held: list[tuple[Any, ...]] | None = None
+        self._held_chars = 0
 
     def write(self, stream: str, text: str) -> None:
         if not text:
@@ -100,12 +105,49 @@ class Capture:
             protocol.call_async(self.token, self.caller, "deliver", self.call_id,
                                 self.worker, -1, [(kind, payload)], timeout=None)
 
+    def hold(self) -> None:
+        """Keep what the cell prints from now on instead of sending it: its caller is gone."""
+        with self._sending, self._lock:
+            if self.held is None:
+                self.held = []
+
+    def take(self) -> tuple[list[tuple[Any, ...]], int]:
+        """What was kept so far (taken: kept afresh from now on), and the number of the
+        next batch that will be sent."""
+        with self._sending, self._lock:
+            kept = [*(self.held or ()), *self._items]
+            self._items = []
+            if self.held is not None:
+                self.held = []
+            return kept, self._seq
+
+    def resume(self, caller: str) -> None:
+        """Send to ``caller`` from now on, what was kept since ``take`` first."""
+        with self._sending, self._lock:
+            self.caller = caller
+            self._items[:0] = self.held or ()
+            self.held = None
+        self.flush()
+
+    def _keep(self, items: list[tuple[Any, ...]]) -> None:
+        held = self.held if self.held is not None else []
+        if not held:
+            self._held_chars = 0
+        held.extend(items)
+        self._held_chars += sum(_chars(p) for _, p in items)
+        while self._held_chars > HELD_CHARS and len(held) > 1:  # a long run's last part
+            self._held_chars -= _chars(held.pop(0)[1])
+        self.held = held
+
     def flush(self) -> None:
         with self._sending:
             with self._lock:
                 if not self._items:
                     return
                 items, self._items = self._items, []
+                if self.held is not None:
+                    self._keep(items)
+                    return
                 seq = self._seq
                 self._seq += 1
             # the group's RPC timeout, and the time its bytes take at the floor rate on
@@ -115,8 +157,11 @@ class Capture:
                 fut = protocol.call_async(self.token, self.caller, "deliver", self.call_id,
                                           self.worker, seq, items, timeout=None,
                                           nbytes=nbytes)
-            except Exception:
-                return  # the caller is gone; nobody is left to show this output
+            except Exception:  # the caller has left: kept for a kernel that attaches
+                with self._lock:
+                    self._seq -= 1
+                    self._keep(items)
+                return
             with self._lock:
                 self._futures.append((fut, nbytes))
                 self.large = self.large or large(items)
@@ -156,6 +201,11 @@ class Capture:
 
 
 LARGE_OUTPUT = 1 << 20  # characters in one batch, after which freed memory is given back
+
+
+def _chars(payload: Any) -> int:
+    """What a kept item counts against HELD_CHARS (a display: a thousand)."""
+    return len(payload) if isinstance(payload, str) else 1000
 
 
 def large(items: list[Any]) -> bool:
@@ -275,6 +325,18 @@ class _Router:
             cap = self._open(args, own=True)
             assert cap is not None  # its own capture, never the background
         return cap
+
+    def cell_capture(self, call_id: str) -> Capture | None:
+        """The capture of the cell ``call_id`` that this worker process runs now, made now
+        if nothing has written yet; None when it runs no such cell (or is a kernel)."""
+        with self.lock:
+            cell = self.cell
+            if cell is None or cell.args[0] != call_id:
+                return None
+            if cell.capture is None:
+                cell.capture = Capture(*cell.args)
+                self.active[cell.ident] = cell.capture
+            return cell.capture
 
     def _open(self, args: tuple[str | None, str, str, str], own: bool) -> Capture | None:
         """The capture of the cell or call ``args``, made at its first write: by the thread
@@ -505,57 +567,6 @@ def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:
                     cap.close()
 
     return run
-
-
-def rpc_me() -> Any:
-    import torch.distributed.rpc as rpc
-
-    return rpc.get_worker_info()
-
-
-def hidden(frame: Any) -> bool:
-    """Whether ``frame`` is rpcnb's or torch RPC's machinery (never shown to a user)."""
-    name = frame.f_globals.get("__name__", "") or ""
-    return name == "rpcnb" or name.startswith(("rpcnb.", "torch.distributed.", "concurrent."))
-
-
-def user_frames(tb: Any) -> Any:
-    """``tb`` from its first frame that is not ``hidden``."""
-    while tb is not None and hidden(tb.tb_frame):
-        tb = tb.tb_next
-    return tb
-
-
-def user_traceback(exc: BaseException) -> str:
-    """``exc``'s traceback from its first frame that is not rpcnb's or torch RPC's."""
-    import traceback
-
-    return "".join(traceback.format_exception(type(exc), exc, user_frames(exc.__traceback__)))
-
-
-AWKWARD_EXCEPTION = (
-    "{func} raised {type} on {where}, which cannot be sent back as it is ({why}); its "
-    "traceback there:\n{tb}"
-)
-
-
-def sendable(exc: Exception, func: Any, where: str) -> Exception:
-    """``exc``, or, when torch could not report it (its ``__str__`` or ``__repr__`` raises,
-    or it does not pickle, which aborted the process), a RuntimeError that says what it was."""
-    import traceback
-
-    import cloudpickle
-
-    try:
-        repr(exc)
-        str(exc)
-        cloudpickle.dumps(exc)
-        return exc
-    except Exception as err:
-        te = traceback.TracebackException.from_exception(exc)  # formats a bad str safely
-        return RuntimeError(AWKWARD_EXCEPTION.format(
-            func=getattr(func, "__qualname__", repr(func)), type=type(exc).__qualname__,
-            where=where, why=f"{type(err).__name__}: {err}", tb="".join(te.format()).rstrip()))
 
 
 def _flusher() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from rpcnb import errors, progress
 from rpcnb.cells import comms, console, profiles
+from rpcnb.cells.orphans import Orphans
 from rpcnb.cells.output import router
 from rpcnb.paths import shm, ucx, zerocopy
 from rpcnb.session import protocol, state
@@ -138,6 +139,7 @@ class CellRunner:
         self._cancelled: set[str] = set()
         self._queued: dict[str, Job] = {}  # call id -> a cell sent here that has not begun
         self._spare: collections.deque[Any] = collections.deque()  # a Future made while idle
+        self.orphans = Orphans(name)  # cells whose caller went away (a kept group's kernel)
 
     @property
     def kind(self) -> str:
@@ -222,6 +224,13 @@ class CellRunner:
             found.file, found.line, _, found.text = _frame_line(*frames[cell[-1]], job.filename)
         return found
 
+    def caller_gone(self, name: str) -> None:
+        """The member ``name`` died or left: its cell running here runs on as an orphan,
+        its output and result kept for a kernel that attaches (``rpcnb.cells.orphans``)."""
+        with self._lock:
+            job, since = self._current, self._since
+        self.orphans.caller_gone(name, job, time.time() - (time.monotonic() - since))
+
     def stop(self) -> None:
         self._stopped.set()
         self._queue.put(None)
@@ -271,6 +280,8 @@ class CellRunner:
                 router.opened().mark({"stage": "received", "worker": self.name})
             with self._lock:
                 self._current, self._since = job, time.monotonic()
+            if self.orphans.gone:  # a caller went away (a kept group's kernel): its cell's?
+                self.orphans.starting(job)
             try:
                 if job.profile:
                     result, found = profiles.profiled(lambda: self._execute(job))
@@ -303,7 +314,10 @@ class CellRunner:
         # the reply is pickled on whichever thread completes or awaits the future: the
         # result itself says to copy (rpcnb.paths.serialize reads it)
         result.copy_tensors = not job.zero_copy
-        job.future.set_result(result.wire())
+        wire = result.wire()
+        if self.orphans.cells:  # its caller went away: kept for the kernel that adopts it
+            self.orphans.ended(job.call_id, result.ok, result.ename, wire)
+        job.future.set_result(wire)
 
     def _execute(self, job: Job) -> CellResult:
         ns = self.namespace

@@ -196,14 +196,21 @@ class RpcMagics(Magics):
 
     @magic_arguments()
     @argument("--all", action="store_true", help="also the background cells that ended")
+    @argument("id", nargs="?", type=int, default=None,
+              help="one cell: its row, what it printed while no kernel was attached, its end")
     @usage_errors
     @line_magic
     def rpc_jobs(self, line: str) -> Any:
-        """Background cells (%%remote --bg) of this kernel: id, workers, status, seconds."""
+        """Background cells (%%remote --bg) of this kernel: id, workers, status, seconds.
+        %rpc_jobs ID: that cell, with what it printed while no kernel was attached (a cell
+        taken over from a kept group's earlier kernel) and its result or error."""
         args = parse(self.rpc_jobs, line)
         from rpcnb import api
-        from rpcnb.cells.background import JobTable
+        from rpcnb.cells.background import JobTable, show
 
+        if args.id is not None:
+            show(args.id)
+            return None
         return JobTable(api.jobs(include_ended=args.all))
 
     @magic_arguments()

@@ -17,7 +17,7 @@ import torch
 from rpcnb import telemetry
 from rpcnb.cells import call, comms, console, output, printer
 from rpcnb.cells.runner import Job
-from rpcnb.membership import collectives, leave, start, view
+from rpcnb.membership import collectives, leave, resize, start, view
 from rpcnb.observe import channels, doctor, names, stacks, values
 from rpcnb.paths import serialize, ucx
 from rpcnb.session import protocol, roster
@@ -26,6 +26,7 @@ from rpcnb.wire import _torch
 
 NO_RUNNER = "rpcnb: this member runs no remote cells"
 NOT_LEADER = "rpcnb: only the group's first kernel admits members"
+NOT_KEEPER = "rpcnb: only the group's first member (a kept group's keeper) changes the group"
 
 
 # -- remote cells ------------------------------------------------------------------------
@@ -50,6 +51,22 @@ def interrupt(s: Session, call_id: str) -> bool:
     if s.runner is None:
         raise RuntimeError(NO_RUNNER)
     return bool(s.runner.interrupt(call_id))
+
+
+def adopt(s: Session, member: str) -> list[dict[str, Any]]:
+    """A kernel that attached to this kept group takes over the cells whose caller went
+    away (``rpcnb.cells.orphans``): what each is, and what it printed meanwhile."""
+    if s.runner is None:
+        return []
+    return s.runner.orphans.adopt(str(member))
+
+
+def orphan_result(s: Session, call_id: str, member: str) -> torch.futures.Future:
+    """The result of the adopted cell ``call_id``, once it ends; its output goes to
+    ``member`` from now on."""
+    if s.runner is None:
+        raise RuntimeError(NO_RUNNER)
+    return s.runner.orphans.result(str(call_id), str(member))
 
 
 def ask(s: Session, call_id: str | None, worker: str, prompt: str,
@@ -143,23 +160,37 @@ def member_died(s: Session, name: str, how: str, rank: int = -1) -> None:
     """The leader says ``name`` (the process of ``rank``) died, or ``name`` says it leaves
     (``how`` is "left")."""
     roster.death_heard(s, str(name), str(how), int(rank))
+    if s.runner is not None:  # its cells here run on, kept for a kernel that attaches
+        s.runner.caller_gone(str(name))
 
 
 def member_joined(s: Session, name: str, rank: int) -> None:
     """The leader admitted ``name``."""
     roster.learn_member(s, str(name), int(rank))
+    if s.runner is not None:
+        s.runner.orphans.gone.discard(str(name))
 
 
 def member_back(s: Session, name: str) -> None:
     """The leader started ``name`` again (``%rpc_restart``)."""
     s.revive(name)
     roster.names_changed(s)
+    if s.runner is not None:
+        s.runner.orphans.gone.discard(str(name))
 
 
 def drop_member(s: Session, info: Any) -> None:
     """The leader removes a dead member from torch's group: drop it here too."""
     _torch.drop_locally(info)
     roster.member_gone(s, info.name)
+
+
+def resize_group(s: Session, what: str, *args: Any) -> Any:
+    """On a kept group's keeper (its leader): the attached kernel restarts or adds workers
+    (``%rpc_restart``, ``%rpc_init --add``, the panel's restart button)."""
+    if not s.is_leader:
+        raise RuntimeError(NOT_KEEPER)
+    return resize.keeper_resize(str(what), *args)
 
 
 def leave_now(s: Session) -> bool:
@@ -242,6 +273,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "interrupt": interrupt,
     "deliver": deliver,
     "ask": ask,
+    "adopt": adopt,
+    "orphan_result": orphan_result,
     "cell_position": cell_position,
     "comm": comm,
     "collectives": collectives_join,
@@ -258,6 +291,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "member_back": member_back,
     "drop_member": drop_member,
     "leave": leave_now,
+    "resize": resize_group,
     "describe_self": describe_self,
     "describe_rref": describe_rref,
     "running": running,

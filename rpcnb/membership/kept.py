@@ -44,6 +44,16 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?\Z")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
+def this_is_the_keeper() -> bool:
+    """Whether this process is a kept group's keeper (``python -m rpcnb.keeper``): its
+    runner is of kind ``keeper`` from the start, so every member leaves it out of what it
+    waits for (``--all``, torch's all-gather and barriers)."""
+    import sys
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "rpcnb.keeper"
+
+
 def duration(text: str | float | None) -> float:
     """``--keep``'s value in seconds: ``90``, ``90s``, ``30m``, ``2h``, ``1d`` (None or
     empty: the default hour). ValueError for anything else."""
@@ -260,7 +270,7 @@ def claimed(name: str) -> str:
         holder = int((folder(name) / "attached.pid").read_text().strip() or 0)
     except (OSError, ValueError):
         return ""
-    return f"kernel-{holder}" if holder and pid_alive(holder) else ""
+    return f"kernel_{holder}" if holder and pid_alive(holder) else ""
 
 
 def release(name: str, path: Path) -> None:

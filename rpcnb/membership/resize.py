@@ -1,6 +1,7 @@
 """Changing a running group from the first kernel: ``restart`` replaces a dead or stuck
 worker with a fresh process under the same name, GPUs and device map; ``add_workers``
-starts more workers. Both run on the leader, which started the workers.
+starts more workers. Both run on the leader, which started the workers: in a kept group
+that is the keeper, so the attached kernel asks it (the ``resize`` request).
 
 A restarted worker is a new member of torch's group (a new rank; the old one was removed
 when it died), so RRefs the old process owned are gone: ``restart`` names the ones this
@@ -33,9 +34,32 @@ def _leader() -> Session:
     return s
 
 
+def _keeper_does(s: Session, what: str, *args: Any, timeout: float) -> Any:
+    """The kernel attached to a kept group asks the keeper, which started the workers, to
+    change the group (``keeper_resize`` there); None on any other member."""
+    if s.is_leader or not s.options.get("kept"):
+        return None
+    return protocol.call(s.token, s.leader, "resize", what, *args, timeout=timeout + 30)
+
+
+def keeper_resize(what: str, *args: Any) -> Any:
+    """On the keeper: what the attached kernel asked (``restart`` or ``add``)."""
+    if what == "restart":
+        return restart(str(args[0]))
+    if what == "add":
+        return add_workers(int(args[0]), args[1])
+    raise ValueError(f"unknown change of a group: {what!r}")
+
+
 def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
     """Replace worker ``name`` (dead, stuck or alive) by a fresh process; the message
     says what was lost. Its namespace starts empty."""
+    s = state.current()
+    said = _keeper_does(s, "restart", name, timeout=timeout)
+    if said is not None:
+        lost = _rrefs_owned_by(name)  # the keeper holds no notebook's RRefs: this kernel does
+        return said + (" " + errors.RREFS_LOST.format(name=name, names=", ".join(lost))
+                       if lost else "")
     s = _leader()
     with s.lock:
         proc = s.procs.get(name)
@@ -116,6 +140,9 @@ def _rrefs_owned_by(name: str) -> list[str]:
 def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TIMEOUT) -> list[str]:
     """Start ``n`` more workers (named after the highest ``workerK`` used so far); their
     names. ``gpus`` as for ``init``."""
+    kept: list[str] | None = _keeper_does(state.current(), "add", n, gpus, timeout=timeout)
+    if kept is not None:
+        return kept
     s = _leader()
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(errors.ADD_COUNT.format(n=n))

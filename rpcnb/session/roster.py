@@ -21,6 +21,7 @@ from rpcnb.session.state import ALL, Member, Session
 from rpcnb.wire import _gather, _torch
 
 MAX_RANK = 32767  # torch's worker ids are int16
+KEEPER_KIND = "keeper"  # a kept group's first member (rpcnb.keeper): runs no cells
 
 # torch's distributed autograd keeps the first worker id a process had and refuses any
 # other one later; so a process keeps its first rank in every group it is in after that.
@@ -173,7 +174,8 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     live = live_names(s)
     if target is None or target == ALL:
         # a kept group's leader is its keeper, which runs no cells (rpcnb.membership.kept)
-        skip = (s.name, s.leader) if s.options.get("kept") else (s.name,)
+        skip = (s.name, s.leader) if s.options.get("kept") or s.options.get("keeper") \
+            else (s.name,)
         names = [n for n in live if n not in skip]
         if not names:
             raise RpcnbError(errors.NO_WORKERS)
@@ -228,9 +230,17 @@ def _name_of(s: Session, item: Any) -> str:
 
 def names_changed(s: Session) -> set[str]:
     """This member's view of the group's names, made current where torch reads it."""
-    names = set(live_names(s, ask=False)) | {s.name}
+    names = _callers(s, live_names(s, ask=False))
     _gather.set_names(names)
     return names
+
+
+def _callers(s: Session, live: Iterable[str]) -> set[str]:
+    """``live`` and this member, without a kept group's keeper, its leader (it runs no
+    code of the user's, so it never calls torch's all-gather: waiting for it would hang).
+    The keeper's workers have ``keeper`` in their options; the attached kernel ``kept``."""
+    keeper = s.leader if s.options.get("keeper") or s.options.get("kept") else None
+    return {n for n in live if n != keeper} | {s.name}
 
 
 def member_gone(s: Session, name: str) -> None:
@@ -250,7 +260,7 @@ def _current_names() -> set[str] | None:
     s = state.active()
     if s is None or s.closing:
         return None  # in no rpcnb group: torch's own all-gather
-    names = set(live_names(s)) | {s.name}
+    names = _callers(s, live_names(s))
     _gather.set_names(names)
     return names
 

@@ -44,11 +44,13 @@ GPU_MISSING = (
     "exist here; use auto, none, or indices below {count}."
 )
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+# no "-": torch keeps the members of a dynamic group as "name-rank" entries and splits them
+# at "-", so every member that joins after one named "a-b" waits for "a" and times out
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 def check_name(name: str) -> None:
-    """A member name: letters, digits, '_' and '-' (ValueError with BAD_NAME otherwise)."""
+    """A member name: letters, digits and '_' (ValueError with BAD_NAME otherwise)."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(errors.BAD_NAME.format(name=name))
 

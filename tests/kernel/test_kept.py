@@ -97,7 +97,7 @@ def test_a_restart_keeps_the_workers_and_attach_gives_the_old_value(kept):
     k.execute("%%remote worker1\nw = 42\nimport torch\nmodel = torch.nn.Linear(3, 2)")
     before = kept.records()[0]
     listed = k.execute("%rpc_groups").stdout
-    assert "group1" in listed and "worker1, worker2" in listed and f"kernel-{k.pid}" in listed
+    assert "group1" in listed and "worker1, worker2" in listed and f"kernel_{k.pid}" in listed
     kept.restart(k)
     assert all(pid_alive(p) for p in before["workers"].values())
     t0 = time.monotonic()
@@ -110,7 +110,7 @@ def test_a_restart_keeps_the_workers_and_attach_gives_the_old_value(kept):
     assert sorted(k.value("sorted(__import__('rpcnb').run(None, '1', fetch=True))")) == \
         ["worker1", "worker2"]
     # the keeper's record (written each second) names the kernel attached now
-    assert wait_until(lambda: kept.records()[0]["attached"] == f"kernel-{k.pid}", 5)
+    assert wait_until(lambda: kept.records()[0]["attached"] == f"kernel_{k.pid}", 5)
     assert kept.records()[0]["workers"] == before["workers"]
     # %rpc_shutdown in the attached kernel ends the kept group: nothing is left
     k.execute("%rpc_shutdown")
@@ -136,27 +136,81 @@ def test_restart_now_and_a_killed_kernel_keep_the_group(kept):
     k2 = kept.kernel()
     k2.execute("%rpc_init --attach")
     assert k2.execute("%%remote worker2 --fetch\ncounter").text == "2"
+    # torch's all-gather, on the workers and this kernel at once: the keeper, which runs no
+    # code of the user's, is not waited for, nor is the kernel that was killed
+    got = k2.value("sorted(__import__('rpcnb').run(None, 'from torch.distributed.rpc import api"
+                   "\\nsorted(api._all_gather(1))', fetch=True, local=True, timeout=60)"
+                   "['worker1'])")
+    assert got == sorted([f"kernel_{k2.pid}", "worker1", "worker2"]), got
 
 
 def test_a_background_loop_goes_on_through_a_restart(kept, tmp_path):
-    # a training loop that runs until told to stop, writing its step where the test sees it
-    progress, stop = tmp_path / "step", tmp_path / "stop"
+    # a training loop that runs until told to stop, printing and writing its step where the
+    # test sees it; on worker2, a cell that fails while no kernel is attached
+    progress, stop, failed = tmp_path / "step", tmp_path / "stop", tmp_path / "failed"
     k = kept.kernel()
     start(k)
-    k.execute(f"%%remote worker1 --bg\nimport os, time\nresult, step = None, 0\n"
+    old = f"kernel_{k.pid}"
+    k.execute(f"%%remote worker1 --bg --fetch\nimport os, time\nresult, step = None, 0\n"
               f"while not os.path.exists({str(stop)!r}):\n    step += 1\n"
-              f"    open({str(progress)!r}, 'w').write(str(step))\n    time.sleep(0.05)\n"
-              f"result = 'trained'")
+              f"    open({str(progress)!r}, 'w').write(str(step))\n"
+              f"    print('step', step)\n    time.sleep(0.05)\n"
+              f"result = 'trained'\nresult")
+    # it waits until this member knows the kernel is gone, then fails
+    k.execute(f"%%remote worker2 --bg\nimport time, rpcnb.session.state as st\n"
+              f"while {old!r} not in st.current().dead:\n    time.sleep(0.05)\n"
+              f"print('about to fail')\ntry:\n    1 / 0\nfinally:\n"
+              f"    open({str(failed)!r}, 'w').write('x')")
     assert wait_until(lambda: progress.exists() and progress.read_text() != "", 10)
     kept.restart(k)
+    assert wait_until(failed.exists, 30)
+    seen = int(progress.read_text() or 0)
+    assert wait_until(lambda: int(progress.read_text() or 0) > seen + 5, 10)  # it goes on
     out = k.execute("%rpc_init --attach")
     assert "worker1 runs" in out.stdout, out.stdout  # busy, said on attach
-    # it went on through the restart, and goes on: its step moves
-    seen = int(progress.read_text() or 0)
-    assert wait_until(lambda: int(progress.read_text() or 0) > seen + 5, 10)
+    assert f"[1] on worker1 still runs `import os, time` (started by {old}" in out.stdout, \
+        out.stdout
+    assert f"[2] on worker2 ran `import time, rpcnb.session.state as st` (started by {old}) " \
+        f"and ended" in out.stdout and "failed: ZeroDivisionError" in out.stdout, out.stdout
+    # what they printed while no kernel was attached, and the failure's traceback
+    shown = k.execute("%rpc_jobs 2").stdout
+    assert "about to fail" in shown and "ZeroDivisionError" in shown and "1 / 0" in shown, shown
+    steps = k.execute("%rpc_jobs 1").stdout
+    printed = [int(line.split()[-1]) for line in steps.splitlines() if line.startswith("step ")]
+    assert printed and printed[-1] > seen, steps
+    # both are this kernel's background cells now: listed without --all
+    table = k.execute("%rpc_jobs").text
+    assert "[1]" in table and "running" in table and "[2]" in table and "failed" in table, table
+    assert f"started by {old}" in table, table
+    # what the loop prints now goes into the cell that attached, each line marked
+    marked = k.later(out.msg_id, until=lambda ms: any(
+        m["msg_type"] == "stream" and "[worker1] step" in m["content"]["text"] for m in ms))
+    assert any("[worker1] step" in m["content"].get("text", "") for m in marked), marked
     stop.touch()  # its result is there once it ends
-    assert k.execute("%%remote worker1 --fetch\nresult", timeout=60).text == "'trained'"
+    assert k.value("__import__('rpcnb').jobs()[0].result(60)") == "trained"
     assert int(k.execute("%%remote worker1 --fetch\nstep").text) >= seen + 5
+    with pytest.raises(AssertionError, match="ZeroDivisionError"):
+        k.value("__import__('rpcnb').jobs(True)[1].result(5)")
+
+
+def test_the_attached_kernel_restarts_and_adds_workers_through_the_keeper(kept):
+    # the keeper started the workers, so it replaces and adds them; the kernel asks it
+    k = kept.kernel()
+    start(k)
+    k.execute("%%remote worker1 -o r\nw = 1\nw")
+    old = kept.records()[0]["workers"]["worker1"]
+    out = k.execute("%rpc_restart worker1", timeout=180)
+    assert "rpcnb: worker1 was running" in out.stdout, out.stdout
+    assert "The RRefs worker1 owned are lost; in this notebook: r." in out.stdout, out.stdout
+    new = int(out.stdout.split("a fresh process (pid ")[1].split(")")[0])
+    assert new != old and pid_alive(new) and not pid_alive(old)
+    assert "NameError" in k.execute("%%remote worker1 --fetch\nw", allow_error=True).traceback
+    out = k.execute("%rpc_init --add 1", timeout=180)
+    assert "added 1 worker(s): worker3" in out.stdout, out.stdout
+    assert k.execute("%%remote worker3 --fetch\n1 + 1").text == "2"
+    assert wait_until(lambda: set(kept.records()[0]["workers"]) == {"worker1", "worker2",
+                                                                   "worker3"}, 10)
+    assert kept.records()[0]["workers"]["worker1"] == new
 
 
 def test_an_idle_kept_group_ends_by_itself_and_leaves_nothing(kept):
@@ -177,7 +231,7 @@ def test_two_kernels_cannot_drive_one_group(kept):
     start(k)
     other = kept.kernel()
     out = other.execute("%rpc_init --attach", allow_error=True)
-    assert f"has a kernel attached already: kernel-{k.pid}" in out.traceback, out.traceback
+    assert f"has a kernel attached already: kernel_{k.pid}" in out.traceback, out.traceback
     # the first one still drives it
     assert k.execute("%%remote worker1 --fetch\n6 * 7").text == "42"
 
@@ -250,11 +304,18 @@ def test_the_panel_lists_kept_groups_attaches_and_ends_one(kept):
     assert "attached to kept group group1" in k.execute(said["insert"]).stdout
     assert k.execute("%%remote worker1 --fetch\nw").text == "42"
     snap = fresh(k, comm_id, lambda s: s["group"] and s["kept"] and s["kept"][0]["mine"])
-    assert snap["kept"][0]["attached"] == f"kernel-{k.pid}"
+    assert snap["kept"][0]["attached"] == f"kernel_{k.pid}"
+    # the restart button of a worker: the keeper, which started it, replaces it
+    said = reply(k, comm_id, "restart", member="worker1", timeout=120)
+    assert said["ok"] and said["message"].startswith("restarted worker1"), said
+    assert "NameError" in k.execute("%%remote worker1 --fetch\nw", allow_error=True).traceback
+    assert wait_until(lambda: kept.records()[0]["workers"]["worker1"] != rec["workers"]["worker1"],
+                      10)
+    rec = kept.records()[0]
     # a kernel in a group attaches to nothing more
     said = reply(k, comm_id, "attach", group="group1")
     assert not said["ok"] and said["message"] == errors.ALREADY_INITIALIZED.format(
-        name=f"kernel-{k.pid}"), said
+        name=f"kernel_{k.pid}"), said
     # end, from the kernel attached: as %rpc_shutdown there, nothing is left
     said = reply(k, comm_id, "end", group="group1", timeout=60)
     assert said["ok"] and said["message"] == panel.KEPT_ENDED.format(group="group1"), said
@@ -272,7 +333,7 @@ def test_the_doctor_lists_kept_groups_and_the_panel_ends_one_from_another_group(
              for f in json.loads(k.execute("%rpc_doctor --json").stdout)}
     mine = found[("kept", "group1")]
     assert mine["level"] == "ok" and mine["detail"] == (
-        f"keeper pid {rec['pid']}, workers worker1; attached: kernel-{k.pid} (this kernel)")
+        f"keeper pid {rec['pid']}, workers worker1; attached: kernel_{k.pid} (this kernel)")
     # a kernel in a group of its own: the kept group, idle, is a note with its limit
     kept.restart(k)
     k.execute("%rpc_init")

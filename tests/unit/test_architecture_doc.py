@@ -87,6 +87,8 @@ STATEMENTS: list[tuple[str, Callable[[], float], float]] = [
      MEGABYTES),
     (r"floor rate \((\d+) MB/s", _constant("rpcnb.wire.limits", "DEFAULT_MIN_RATE"), MEGABYTES),
     (r"arguments hold (\d+) MB or more", _constant("rpcnb.wire.limits", "GROW_FROM"), MEGABYTES),
+    (r"the last `HELD_CHARS`, (\d+) MB", _constant("rpcnb.cells.output", "HELD_CHARS"), MEGABYTES),
+    (r"the last\s+`KEEP_ENDED`, (\d+), ended", _constant("rpcnb.cells.orphans", "KEEP_ENDED"), ONE),
     (r"`Capture\.close\(\)` waits (\d+) s",
      _default("rpcnb.cells.output", "Capture.close", "timeout"), SECONDS),
     (r"`leave\.shutdown_group`, (\d+) s by default",

@@ -101,3 +101,19 @@ def test_a_device_map_that_cannot_be_read_is_refused_before_anything_starts():
 def test_remote_lines_split_into_flags_and_code(line, cell, target, code):
     args, got = plans.parse_remote_line(line, cell)
     assert (args.target, got) == (target, code)
+
+
+def test_a_member_name_with_a_dash_is_refused_before_anything_starts():
+    # torch keeps a dynamic group's members as "name-rank" and splits at '-': a member named
+    # "my-kernel" made every later member (a restart, --add, a join) time out after 60 s
+    import pytest
+
+    from rpcnb import errors
+    from rpcnb.wire import options
+
+    for bad in ("my-kernel", "kernel-4242", "-x", "1abc", "a b", ""):
+        with pytest.raises(ValueError) as info:
+            options.check_name(bad)
+        assert str(info.value) == errors.BAD_NAME.format(name=bad)
+    for good in ("kernel_4242", "worker1", "_x", "A" * 64):
+        options.check_name(good)

@@ -34,7 +34,7 @@ MAGICS = {
     ("cell", "remote"): ["--all", "--bg", "--copy", "--fetch", "--local", "--profile", "--push",
                          "--timeout", "-o", "target"],
     ("line", "rpc_restart"): ["name"],
-    ("line", "rpc_jobs"): ["--all"],
+    ("line", "rpc_jobs"): ["--all", "id"],
     ("line", "rpc_shutdown"): ["--group", "--timeout"],
     ("line", "rpc_groups"): [],
     ("line", "rpc_probe"): ["--repeats", "--sizes", "--tensorpipe", "workers"],

@@ -414,7 +414,7 @@ describe('kept groups', () => {
   it('names the kernel attached, this one marked, and the dead workers', () => {
     const lines = keptLines(
       kept({
-        attached: 'kernel-7',
+        attached: 'kernel_7',
         idle_since: null,
         mine: true,
         workers: ['worker1'],
@@ -426,7 +426,7 @@ describe('kept groups', () => {
     );
     expect(lines).toEqual([
       'workers: worker1 (dead: worker2)',
-      'attached: kernel-7 (this kernel)',
+      'attached: kernel_7 (this kernel)',
       `since ${clock(1000)} · keeper pid 4242`
     ]);
   });
@@ -455,9 +455,9 @@ describe('kept groups', () => {
       ['attach', true],
       ['end', true]
     ]);
-    const taken = keptActions(kept({ attached: 'kernel-9' }), false);
+    const taken = keptActions(kept({ attached: 'kernel_9' }), false);
     expect(taken[0].enabled).toBe(false);
-    expect(taken[0].title).toContain('kernel-9 is attached');
+    expect(taken[0].title).toContain('kernel_9 is attached');
     expect(keptActions(kept(), true).map(a => a.action)).toEqual(['end']);
   });
 });
