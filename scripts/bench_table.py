@@ -55,15 +55,6 @@ SOURCES = {
     "gpu": Source(3, "bench/results/gpu.json", "make gpu-check"),
 }
 
-# A JSON written before its command recorded the machine: what the page said of that run
-# when the JSON was committed. Used only while the JSON has no "machine" of its own.
-UNRECORDED = {
-    "ray": ("2-CPU VM, not in its JSON",
-            "not recorded in the JSON (bench.overhead did not record its machine then); a 2-CPU "
-            "AMD EPYC VM like (1), torch 2.13.0+cpu, Ray 2.60.0, as the page said when the JSON "
-            "was committed"),
-}
-
 COLUMNS = ["", "rpcnb", "torch", "Ray", "ipyparallel", "floor", "run, machine"]
 
 
@@ -300,7 +291,7 @@ def machine(key: str, doc: dict[str, Any]) -> tuple[str, str]:
     """(a short name for the table, the whole line) of the machine a JSON was measured on."""
     m = doc.get("machine")
     if not m:
-        return UNRECORDED.get(key, ("not recorded", "not recorded in the JSON"))
+        return ("not recorded", "not recorded in the JSON")
     if "gpu" in m:  # bench.gpu's
         return (m["gpu"], f"{m['gpus']} x {m['gpu']} (map {m['map']}), torch {m['torch']}, "
                           f"Python {m['python']}")

@@ -169,6 +169,46 @@ def test_two_rpcnb_kernels_share_the_namespace_and_join(rpcnb_kernel):
     first.execute("%rpc_shutdown")
 
 
+def test_a_kept_group_stays_in_the_namespace_across_a_restart(rpcnb_kernel, runtime):
+    # the keeper and its workers live in the user's namespace, not the kernel's process
+    # tree: the kernel restarted (a new kernel process, the same namespace) attaches, and
+    # nothing of the group is visible from the host
+    k = rpcnb_kernel()
+    k.execute("%load_ext rpcnb")
+    k.execute("%rpc_init --workers 1 --keep 10m")
+    k.execute("%%remote worker1\nw = 42")
+    rec = json.loads((runtime / "kept" / "group1" / "record.json").read_text())
+    pids = [rec["pid"], *rec["workers"].values()]
+    try:
+        holder = find_holder(runtime)
+        assert holder is not None and {net_ns(p) for p in pids} == {holder.net} != {net_ns()}
+        k.km.restart_kernel(now=False)
+        k.kc.wait_for_ready(timeout=60)
+        k.pid = k.km.provisioner.pid
+        k.known.add(k.pid)
+        assert all(pid_alive(p) for p in pids)
+        k.execute("%load_ext rpcnb")
+        assert "attached to kept group group1" in k.execute("%rpc_init --attach").stdout
+        assert fetch(k, "worker1", "w") == 42
+        assert fetch(k, "worker1", STATUS) == (True, isolation.ISOLATED.format(net=holder.net))
+        inside: dict[int, int] = {}
+        for pid in pids:
+            inside.update(listeners(pid))
+        assert inside and not {inode for _, _, inode in tcp_table()} & set(inside)
+        k.execute("%rpc_shutdown")
+        assert not [p for p in pids if wait_gone(p)]
+    finally:
+        kill_all([p for p in pids if pid_alive(p)])
+
+
+def wait_gone(pid: int, timeout: float = 15) -> bool:
+    """Whether ``pid`` is still alive after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return pid_alive(pid)
+
+
 def test_a_gone_holder_is_replaced(rpcnb_kernel, runtime):
     first = rpcnb_kernel()
     old = find_holder(runtime)
