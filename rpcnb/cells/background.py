@@ -118,14 +118,16 @@ class BackgroundCell:
 
     @property
     def status(self) -> str:
-        """'queued behind [1] on worker1', 'running', 'done', 'failed: ...', 'cancelled'."""
+        """'queued behind [1] on worker1', 'running', 'done', 'failed: ZeroDivisionError',
+        'cancelled'."""
         if self._done.is_set():
             if self._error is None:
                 return "done"
             if isinstance(self._error, call.Cancelled):
                 return "cancelled" + (f" (still running on {', '.join(self._error.late)})"
                                       if self._error.late else "")
-            return f"failed: {type(self._error).__name__}"
+            # a RemoteError says what the cell raised there (ZeroDivisionError, ...)
+            return f"failed: {getattr(self._error, 'ename', '') or type(self._error).__name__}"
         waiting = []
         s = state.active()
         jobs = dict(s.background) if s is not None else {}

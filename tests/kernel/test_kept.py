@@ -180,7 +180,8 @@ def test_a_background_loop_goes_on_through_a_restart(kept, tmp_path):
     assert printed and printed[-1] > seen, steps
     # both are this kernel's background cells now: listed without --all
     table = k.execute("%rpc_jobs").text
-    assert "[1]" in table and "running" in table and "[2]" in table and "failed" in table, table
+    assert "[1]" in table and "running" in table, table
+    assert "[2]" in table and "failed: ZeroDivisionError" in table, table
     assert f"started by {old}" in table, table
     # what the loop prints now goes into the cell that attached, each line marked
     marked = k.later(out.msg_id, until=lambda ms: any(

@@ -31,6 +31,21 @@ def shown(out) -> str:
     return "\n".join(d.get("data", {}).get("text/plain", "") for d in out.displays)
 
 
+def test_rpc_jobs_with_an_id_shows_that_cell_and_how_it_ended(group):
+    group.execute("%%remote worker1 --bg -o failing\nimport time\ntime.sleep(0.2)\nundefined_name")
+    job = group.value("failing.id")
+    assert group.value("failing.wait(30)") is True
+    assert group.value("failing.status") == "failed: NameError"  # what the cell raised
+    shown = group.execute(f"%rpc_jobs {job}").stdout
+    assert f"[{job}]" in shown and "failed: NameError" in shown, shown
+    assert "name 'undefined_name' is not defined" in shown and "undefined_name" in shown, shown
+    group.execute("%%remote worker1 --bg -o fine --fetch\n6 * 7")
+    assert group.value("fine.wait(30)") is True
+    assert f"[{job + 1}] ended: 42" in group.execute(f"%rpc_jobs {job + 1}").stdout
+    out = group.execute("%rpc_jobs 999", allow_error=True)
+    assert "No background cell [999] in this kernel" in out.traceback + out.stderr, out.stderr
+
+
 @pytest.mark.serial  # a background cell returns within 3 s
 def test_a_background_cell_streams_into_its_cell_while_other_cells_run(group):
     t0 = time.monotonic()
