@@ -167,9 +167,9 @@ def test_engines_that_never_register_are_named_with_what_they_printed(kernel, tm
     kernel.execute("%load_ext rpcnb")
     out = kernel.execute(
         f"%rpc_init --engines 2 --cluster-args \"profile_dir={tmp_path / 'profile'} "
-        f"engine_timeout=10 LocalEngineSetLauncher.engine_cmd=['{sys.executable}','{script}']\"",
+        f"engine_timeout=5 LocalEngineSetLauncher.engine_cmd=['{sys.executable}','{script}']\"",
         allow_error=True, timeout=90)
-    assert "2 engines not ready in 10 seconds" in out.traceback, out.traceback
+    assert "2 engines not ready in 5 seconds" in out.traceback, out.traceback
     for engine in ("0", "1"):
         assert f"engine {engine} printed:\n  waiting for a licence server" in out.traceback, \
             out.traceback

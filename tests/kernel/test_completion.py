@@ -171,11 +171,20 @@ def test_a_plain_cell_in_a_group_completes_from_the_kernel(group):
     assert "rpcnb" not in reply["metadata"]
 
 
+def displayed(k, out, text: str) -> None:
+    """Wait until the background cell ``out`` started has displayed ``text``: in the
+    starting cell's own output (it may come before that cell ends), else after it."""
+    if any(text in str(d) for d in out.displays):
+        return
+    got = k.later(out.msg_id, lambda msgs: any(text in str(m["content"]) for m in msgs))
+    assert any(text in str(m["content"]) for m in got), (text, out.displays, got)
+
+
 def test_a_worker_that_waits_in_a_cell_still_completes(group):
     group.execute("%%remote worker1\nworker_only_count = 1")
     out = group.execute("%%remote worker1 --bg -o sleeper\nimport time\n"
                         "from IPython.display import display\ndisplay('sleeping')\ntime.sleep(120)")
-    group.later(out.msg_id, lambda msgs: any("sleeping" in str(m["content"]) for m in msgs))
+    displayed(group, out, "sleeping")
     reply = complete(group, "%%remote worker1\nworker_only_c")
     assert reply["metadata"]["rpcnb"]["answered"] is True
     assert "worker_only_count" in reply["matches"]
@@ -210,8 +219,7 @@ def test_a_worker_holding_the_gil_falls_back_to_local_completion_within_half_a_s
     os.mkfifo(fifo)
     out = group.execute(HOLD_THE_GIL.format(path=str(fifo)))
     try:
-        group.later(out.msg_id, lambda msgs: any("holding the GIL" in str(m["content"])
-                                                 for m in msgs))
+        displayed(group, out, "holding the GIL")
         t0 = time.perf_counter()
         reply = complete(group, "%%remote worker1\nkernel_only_c")
         busy_round_trip = time.perf_counter() - t0
