@@ -162,8 +162,26 @@ RPCNB_ONLY = {"rpcnb.run no-op": 1, "100 MB to python fn": 30, "100 MB to builti
 BOTH = ["rpc_sync python fn", "rpc_sync python fn, 16 floats", "rpc_sync builtin torch.add",
         "rpc_async python fn", "remote().to_here()", "rpc_sync method via RRef"]
 
+# What a driver of one kind of call serves once its ``one()`` is defined: ``n`` calls timed
+# after ``warm`` untimed ones, per line asked on stdin (as Driver.batch asks)
+ONE_CALL = r"""
+print("READY", flush=True)
+for line in sys.stdin:
+    ask = json.loads(line)
+    if ask.get("quit"):
+        break
+    for _ in range(ask["warm"]):
+        one()
+    out = []
+    for _ in range(ask["n"]):
+        t0 = time.perf_counter()
+        one()
+        out.append(time.perf_counter() - t0)
+    print("TIMES " + json.dumps(out), flush=True)
+"""
+
 RAY = r"""
-import json, statistics, sys, time
+import json, sys, time
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 @ray.remote
@@ -171,22 +189,10 @@ class A:
     def noop(self):
         return None
 a = A.remote()
-ray.get(a.noop.remote())
-print("READY", flush=True)
-for line in sys.stdin:
-    ask = json.loads(line)
-    if ask.get("quit"):
-        break
-    for _ in range(ask["warm"]):
-        ray.get(a.noop.remote())
-    out = []
-    for _ in range(ask["n"]):
-        t0 = time.perf_counter()
-        ray.get(a.noop.remote())
-        out.append(time.perf_counter() - t0)
-    print("TIMES " + json.dumps(out), flush=True)
-ray.shutdown()
-"""
+def one():
+    ray.get(a.noop.remote())
+one()
+""" + ONE_CALL + "ray.shutdown()\n"
 
 # the floor of a no-op call between two processes: one byte there and back over two pipes
 # (a call is at least that: a wake-up of the other process and one of this one)
@@ -203,25 +209,10 @@ if pid == 0:
             os._exit(0)
         os.write(w2, b)
 os.close(r1); os.close(w2)
-def rt():
+def one():
     os.write(w1, b"x")
     os.read(r2, 1)
-print("READY", flush=True)
-for line in sys.stdin:
-    ask = json.loads(line)
-    if ask.get("quit"):
-        break
-    for _ in range(ask["warm"]):
-        rt()
-    out = []
-    for _ in range(ask["n"]):
-        t0 = time.perf_counter()
-        rt()
-        out.append(time.perf_counter() - t0)
-    print("TIMES " + json.dumps(out), flush=True)
-os.close(w1)
-os.waitpid(pid, 0)
-"""
+""" + ONE_CALL + "os.close(w1)\nos.waitpid(pid, 0)\n"
 PIPE_ROW = "pipe round trip"
 
 

@@ -244,15 +244,7 @@ def adopt(s: state.Session, timeout: float = ASK_S) -> list[BackgroundCell]:
     cells of this kernel (``%rpc_jobs`` lists them, ``output()`` prints what they printed
     while no kernel was attached). Those still running print into the calling cell
     from now on, each line marked with its worker."""
-    with s.lock:
-        names = [n for n, m in s.members.items() if n != s.name and m.alive
-                 and n not in s.dead and n not in s.unreachable]
-    asked = {}
-    for name in names:
-        try:
-            asked[name] = protocol.call_async(s.token, name, "adopt", s.name, timeout=timeout)
-        except Exception:
-            pass
+    asked = protocol.ask_each(s.token, s.others(), "adopt", s.name, timeout=timeout)
     told = []
     for name, fut in asked.items():
         try:

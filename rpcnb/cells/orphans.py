@@ -84,6 +84,12 @@ class Orphans:
             if o.capture is not None and o.ended is None:
                 o.capture.hold()
 
+    def caller_back(self, name: str) -> None:
+        """``name`` is a member again (admitted, or restarted under that name): its cells
+        from now on are not orphans."""
+        with self.lock:
+            self.gone.discard(name)
+
     def starting(self, job: Any) -> None:
         """The cell ``job`` begins (its output routed): an orphan from the start when its
         caller is gone already (a cell that waited in the queue behind one that ran on)."""

@@ -168,7 +168,7 @@ def member_joined(s: Session, name: str, rank: int) -> None:
     """The leader admitted ``name``."""
     roster.learn_member(s, str(name), int(rank))
     if s.runner is not None:
-        s.runner.orphans.gone.discard(str(name))
+        s.runner.orphans.caller_back(str(name))
 
 
 def member_back(s: Session, name: str) -> None:
@@ -176,7 +176,7 @@ def member_back(s: Session, name: str) -> None:
     s.revive(name)
     roster.names_changed(s)
     if s.runner is not None:
-        s.runner.orphans.gone.discard(str(name))
+        s.runner.orphans.caller_back(str(name))
 
 
 def drop_member(s: Session, info: Any) -> None:

@@ -57,15 +57,7 @@ def ask_busy(s: state.Session, timeout: float = BUSY_ASK_S) -> None:
     """Ask every other live member which cell it runs now and where (the ``running``
     request, all at once): what ``group(refresh=False)`` then shows as busy, between two
     full refreshes (the panel). A member that does not answer keeps what it said last."""
-    with s.lock:
-        names = [n for n, m in s.members.items() if n != s.name and m.alive
-                 and n not in s.dead and n not in s.unreachable]
-    futs = {}
-    for name in names:
-        try:
-            futs[name] = protocol.call_async(s.token, name, "running", timeout=timeout)
-        except Exception:
-            pass
+    futs = protocol.ask_each(s.token, s.others(), "running", timeout=timeout)
     for name, fut in futs.items():
         try:
             busy = fut.wait()

@@ -89,6 +89,19 @@ def call_async(token: str, to: str, op: str, *args: Any, timeout: float | None =
     return rpc.rpc_async(to, entry, args=(token, op, args), timeout=_timeout(timeout, nbytes))
 
 
+def ask_each(token: str, names: list[str], op: str, *args: Any,
+             timeout: float | None = 5.0) -> dict[str, torch.futures.Future]:
+    """``op`` sent to each of ``names`` at once: the futures by name. A member it could not
+    be sent to (one that left meanwhile) is left out."""
+    futures = {}
+    for name in names:
+        try:
+            futures[name] = call_async(token, name, op, *args, timeout=timeout)
+        except Exception:
+            pass
+    return futures
+
+
 def send_async(token: str, to: str, op: str, args: tuple[Any, ...],
                timeout: float) -> torch.futures.Future | None:
     """``call_async(token, to, op, *args, timeout=timeout)`` without torch's Python around

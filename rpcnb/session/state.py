@@ -230,6 +230,12 @@ class Session:
         with self.lock:
             return [(m.name, m.rank) for m in self.members.values() if m.alive]
 
+    def others(self) -> list[str]:
+        """Every other admitted member that is alive and reachable now."""
+        with self.lock:
+            return [n for n, m in self.members.items() if n != self.name and m.alive
+                    and n not in self.dead and n not in self.unreachable]
+
     def mark_dead(self, name: str, how: str) -> None:
         """``name`` died (or left): record how, and wake every call waiting on it."""
         with self.lock:
