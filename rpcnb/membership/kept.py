@@ -335,8 +335,11 @@ def gpu_text(rec: Record) -> str:
 
 
 def attached(rec: Record) -> str:
-    """The kernel attached to ``rec`` (its name in the group), "" for none."""
-    return rec.attached or claimed(rec.name)
+    """The kernel attached to ``rec`` (its name in the group), "" for none. A kernel that
+    has ended is not attached, also in the second before the keeper's record says so."""
+    if rec.attached and not (rec.attached_pid and not pid_alive(rec.attached_pid)):
+        return rec.attached
+    return claimed(rec.name)
 
 
 def mine(rec: Record) -> bool:
