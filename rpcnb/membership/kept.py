@@ -342,6 +342,14 @@ def attached(rec: Record) -> str:
     return claimed(rec.name)
 
 
+def idle_since(rec: Record) -> float | None:
+    """Since when no kernel has been attached to ``rec`` (None while one is); a kernel
+    that ended in the second before the keeper's record says so ended about now."""
+    if attached(rec):
+        return None
+    return time.time() if rec.idle_since is None else rec.idle_since
+
+
 def mine(rec: Record) -> bool:
     """Whether this process is the kernel attached to ``rec``."""
     from rpcnb.session import state
@@ -354,14 +362,15 @@ def describe(rec: Record) -> dict[str, Any]:
     """One kept group as plain data (the panel's ``kept`` rows; docs/panel.md)."""
     return {"name": rec.name, "pid": rec.pid, "workers": list(rec.workers),
             "dead": dict(rec.dead), "since": rec.since, "attached": attached(rec),
-            "idle_since": rec.idle_since, "keep_s": rec.keep_s,
+            "idle_since": idle_since(rec), "keep_s": rec.keep_s,
             "memory": memory_bytes(rec), "gpu": gpu_memory(rec), "mine": mine(rec)}
 
 
 def idle_text(rec: Record, now: float | None = None) -> str:
     """``42 s of 3600 s``: how long no kernel has been attached, of the idle limit."""
     now = time.time() if now is None else now
-    idle = 0.0 if rec.idle_since is None else max(0.0, now - rec.idle_since)
+    since = idle_since(rec)
+    idle = 0.0 if since is None else max(0.0, now - since)
     return f"{idle:.0f} s of {rec.keep_s:g} s"
 
 
@@ -378,7 +387,7 @@ def findings(recs: list[Record] | None = None) -> list[Finding]:
         if kernel:
             now = f"attached: {kernel}" + (" (this kernel)" if mine(rec) else "")
         else:
-            left = rec.keep_s - (time.time() - (rec.idle_since or time.time()))
+            left = rec.keep_s - (time.time() - (idle_since(rec) or time.time()))
             now = (f"no kernel attached for {idle_text(rec)} (it ends by itself in "
                    f"{max(0.0, left):.0f} s)")
         detail = f"keeper pid {rec.pid}, workers {', '.join(rec.workers) or 'none'}; {now}"
@@ -409,6 +418,6 @@ def table(recs: list[Record]) -> str:
         rows.append((r.name, str(r.pid), workers or "none",
                      time.strftime("%H:%M:%S", time.localtime(r.since)),
                      attached(r) or "no",
-                     "-" if r.idle_since is None else idle_text(r),
+                     "-" if idle_since(r) is None else idle_text(r),
                      "-" if mem is None else size(mem), gpu_text(r)))
     return text_table(rows)
