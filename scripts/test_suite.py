@@ -4,7 +4,8 @@ Two phases: first every test not marked ``serial``, on parallel pytest-xdist wor
 (``--dist loadgroup``: the tests of a module that share a kernel or a group, and the tests
 of an ``xdist_group`` such as the browser tests' one JupyterLab server, stay on one
 worker); then the ``serial`` tests (those that measure time), alone on the machine, one
-after another. Every failure of both phases is reported (no ``-x``). At the end: each
+after another (collecting only the files that mark one). Every failure of both phases is
+reported (no ``-x``). At the end: each
 phase's wall time and exit status, the whole run's wall time, and its slowest tests; every
 test's time is kept in ``test-results/durations.txt`` (CI's artefact) beside the phases'
 JUnit XML files.
@@ -63,11 +64,15 @@ class Phase:
     busy: float = 0.0  # the machine's CPUs, busy over the phase: 0..1 (all of them)
     times: dict[str, float] = field(default_factory=dict)  # test id -> seconds
 
-    def run(self, pytest_args: list[str]) -> None:
+    def run(self, pytest_args: list[str], paths: list[str]) -> None:
         cmd = [sys.executable, "-m", "pytest", *self.args, f"--junitxml={self.junit}",
-               *pytest_args]
+               *pytest_args, *paths]
         print(f"\n== {self.name}: {' '.join(cmd[1:])}", flush=True)
         self.junit.unlink(missing_ok=True)
+        if not paths:
+            self.status = 5  # nothing of this phase's kind among the paths
+            print(f"{self.name}: no test of its kind here", flush=True)
+            return
         t0, cpu0 = time.monotonic(), psutil.cpu_times()
         proc = subprocess.Popen(cmd, cwd=ROOT)
         try:
@@ -88,6 +93,24 @@ class Phase:
     @property
     def passed(self) -> bool:
         return self.status == 0
+
+
+def serial_paths(paths: list[str]) -> list[str]:
+    """Of ``paths`` (folders, files, node ids), those in files that mark a test ``serial``:
+    the serial phase collects only these (collecting every test module, which imports
+    torch and the rest, took 15 of its 90 seconds)."""
+    found = []
+    for path in paths:
+        file = Path(path.split("::", 1)[0])
+        file = file if file.is_absolute() else ROOT / file
+        files = sorted(file.rglob("test_*.py")) if file.is_dir() else [file]
+        marked = [f for f in files if f.is_file() and "mark.serial" in f.read_text()]
+        if file.is_dir():
+            found += [str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)
+                      for f in marked]
+        elif marked:
+            found.append(path)
+    return found
 
 
 def read_times(junit: Path) -> dict[str, float]:
@@ -122,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     paths = args.paths or (FAST if args.fast else ["tests"])
     RESULTS.mkdir(exist_ok=True)
-    common = ["-q", "-p", "no:cacheprovider", *extra, *paths]
+    common = ["-q", "-p", "no:cacheprovider", *extra]
     # a test worker that dies is not replaced: the crash is reported as the failure of the
     # test it ran, the others finish the run (a replaced worker can leave loadgroup waiting)
     parallel = ["-n", str(args.workers), "--dist", "loadgroup", "--max-worker-restart", "0"] \
@@ -131,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     RESULTS / "parallel.xml"),
               Phase("serial phase", ["-m", "serial"], RESULTS / "serial.xml")]
     t0 = time.monotonic()
-    for phase in phases:
-        phase.run(common)
+    for phase, where in zip(phases, (paths, serial_paths(paths))):
+        phase.run(common, where)
     for phase, other in (phases, phases[::-1]):
         if phase.status == 5 and other.passed:
             phase.status = 0  # a selection with no test of this phase's kind: fine

@@ -279,17 +279,26 @@ _rpcnb_reset.run(_rpcnb_reset.ALL, "get_ipython().run_line_magic('reset', '-f')"
 print(_ok)
 """
 HEALTH = ("%remote --all --fetch __import__('os').getpid()")
+# What a shared group's kernel runs when the next module takes it: its members forget the
+# calls they timed (as in a group of their own), the workers first, then the kernel, whose
+# call to them is timed too. It prints True when that worked.
+HANDOVER = """\
+import rpcnb as _rpcnb_reset
+_rpcnb_reset.run(_rpcnb_reset.ALL, "__import__('rpcnb.telemetry').telemetry.clear()", fetch=True)
+__import__('rpcnb.telemetry').telemetry.clear()
+print(True)
+"""
 
 
 class SharedGroup:
     """One kernel that is worker0 of a group of worker1 and worker2 (``%rpc_init --workers
     2``, or the module's ``GROUP_INIT`` line), shared by the tests of one module (the
-    ``group`` fixture). Before each test it is checked: the kernel and both
+    ``group`` fixture) and passed on to the next module with the same line (``GroupPool``). Before each test it is checked: the kernel and both
     workers alive, the same pids as when it started, and every worker answering a cell;
     after each test that passed, its background cells are ended and the workers' and the
     kernel's namespaces emptied. When any of that fails, or the test failed (a cell may be
     left running), it is stopped and the next test gets a new one. Its processes are
-    stopped by pid when the module ends, and the teardown fails if one is left."""
+    stopped by pid when the test process ends, and the teardown fails if one is left."""
 
     def __init__(self, init: str = "%rpc_init --workers 2") -> None:
         self.init = init
@@ -328,6 +337,20 @@ class SharedGroup:
         k.stray.clear()
         return k
 
+    def hand_on(self) -> None:
+        """To the next module: what its members timed is forgotten; a group that cannot
+        do that is stopped."""
+        k = self.kernel
+        if k is None:
+            return
+        try:
+            if k.execute(HANDOVER, timeout=30, allow_error=True).stdout.strip() == "True":
+                k.execute("%reset -f", timeout=15)
+                return
+        except (TimeoutError, AssertionError, OSError):
+            pass
+        self.stop()
+
     def reset(self) -> None:
         """Between two tests; a group that cannot be reset is stopped."""
         k = self.kernel
@@ -357,19 +380,55 @@ class SharedGroup:
         return stopped(self.known)
 
 
+class GroupPool:
+    """The shared group of this test process, passed from module to module: a module's
+    ``shared_group`` takes the one there is when it was started with the module's
+    %rpc_init line (the module before left it reset and healthy, or stopped), else that
+    one is stopped and the module gets a new one. Starting a kernel and its group costs
+    about 5 s of CPU (torch imported by the kernel and by its launcher), which a suite
+    that keeps both cores busy pays in wall time."""
+
+    def __init__(self) -> None:
+        self.current: SharedGroup | None = None
+        self.left: list[int] = []  # pids of the groups stopped that outlived the stop
+
+    def take(self, init: str) -> SharedGroup:
+        if self.current is not None and self.current.init != init:
+            self.left += self.current.close()
+            self.current = None
+        if self.current is None:
+            self.current = SharedGroup(init)
+        else:
+            self.current.hand_on()
+        return self.current
+
+    def close(self) -> list[int]:
+        """Stop the group there is; the pids of every group's processes still alive."""
+        if self.current is not None:
+            self.left += self.current.close()
+            self.current = None
+        return sorted(p for p in self.left if pid_alive(p))
+
+
+@pytest.fixture(scope="session")
+def group_pool():
+    pool = GroupPool()
+    yield pool
+    left = pool.close()
+    assert not left, f"processes of the shared groups left running: {left}"
+
+
 @pytest.fixture(scope="module")
-def shared_group(request: pytest.FixtureRequest):
-    holder = SharedGroup(getattr(request.module, "GROUP_INIT", "%rpc_init --workers 2"))
-    yield holder
-    left = holder.close()
-    assert not left, f"processes left running: {left}"
+def shared_group(request: pytest.FixtureRequest, group_pool: GroupPool):
+    yield group_pool.take(getattr(request.module, "GROUP_INIT", "%rpc_init --workers 2"))
 
 
 @pytest.fixture
 def group(shared_group: SharedGroup, request: pytest.FixtureRequest) -> Any:
     """A kernel that is worker0 of a group with worker1 and worker2, shared by the tests
-    of this module (``SharedGroup``): a test that kills, restarts, adds or shuts down
-    members takes ``own_group`` instead."""
+    of this module and of the modules after it (``SharedGroup``, ``GroupPool``): a test
+    that kills, restarts, adds or shuts down members, or changes the kernel's settings,
+    takes ``own_group`` instead."""
     yield shared_group.get()
     report = getattr(request.node, "rpcnb_call_report", None)
     if report is None or report.failed:
