@@ -148,8 +148,16 @@ def test_cuda_tensors_go_device_to_device_between_workers(kernel):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _gpu_tests_pytest_collects() -> list[str]:
-    """The ids of every gpu-marked test, as pytest collects them from the whole suite."""
+def _gpu_tests_pytest_collects(config: pytest.Config, session: pytest.Session) -> list[str]:
+    """The ids of every gpu-marked test, as pytest collects them from the whole suite: this
+    run's own collection when it is the whole suite (make test: every test module is
+    imported already), else a collection of its own."""
+    whole = [Path(config.invocation_params.dir, a).resolve() for a in config.args] == \
+        [ROOT / "tests"] and not config.option.keyword and \
+        config.option.markexpr in ("", "not serial")
+    if whole:
+        return [item.nodeid.rsplit("@", 1)[0] for item in session.items
+                if item.get_closest_marker("gpu")]
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
                           "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
@@ -159,7 +167,7 @@ def _gpu_tests_pytest_collects() -> list[str]:
 
 @pytest.mark.skipif(_gpus() > 0, reason="on a GPU machine gpu-check is the GPU run itself: "
                     "make gpu-check")
-def test_gpu_check_without_a_gpu_says_so_and_rehearses_every_step():
+def test_gpu_check_without_a_gpu_says_so_and_rehearses_every_step(request):
     script = [sys.executable, str(ROOT / "scripts" / "gpu_check.py")]
     code, out, err, _ = run_watched(script, 120, cwd=ROOT, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
@@ -167,7 +175,7 @@ def test_gpu_check_without_a_gpu_says_so_and_rehearses_every_step():
     assert "no CUDA device here" in out and "nothing to check" in out
     # --rehearse: the same steps as on a GPU machine, collecting only the files that hold
     # gpu tests (a GPU machine has none of the browser's or the clusters' packages)
-    ids = _gpu_tests_pytest_collects()
+    ids = _gpu_tests_pytest_collects(request.config, request.session)
     files = sorted({i.split("::")[0] for i in ids})
     code, out, err, _ = run_watched([*script, "--rehearse"], 600, cwd=ROOT,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
