@@ -431,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
             kill_all(left)
     info["loadavg_end"] = list(os.getloadavg())
     info["wall_s"] = round(time.monotonic() - t0, 1)
-    leftover_shm = sorted(set(glob.glob("/dev/shm/rpcnb-*")) - shm_before)
+    # new since the start and made by a process of the benchmark's, which have all ended
+    # by now (a segment is named rpcnb-GROUP-PID-N): a live group of another program on
+    # this machine (a parallel test's) may make segments of its own meanwhile
+    leftover_shm = sorted(f for f in set(glob.glob("/dev/shm/rpcnb-*")) - shm_before
+                          if not pid_alive(int(f.rsplit("-", 2)[1])))
 
     table, targets = report(results, cfg)
     from bench import report as generated  # the modules' parts, as the docs show them

@@ -5,10 +5,9 @@ Two phases: first every test not marked ``serial``, on parallel pytest-xdist wor
 of an ``xdist_group`` such as the browser tests' one JupyterLab server, stay on one
 worker); then the ``serial`` tests (those that measure time), alone on the machine, one
 after another (collecting only the files that mark one). Every failure of both phases is
-reported (no ``-x``). At the end: each
-phase's wall time and exit status, the whole run's wall time, and its slowest tests; every
-test's time is kept in ``test-results/durations.txt`` (CI's artefact) beside the phases'
-JUnit XML files.
+reported (no ``-x``). At the end: each phase's wall time and exit status, the whole run's
+wall time, and its slowest tests; every test's time is kept in
+``test-results/durations.txt`` (CI's artefact) beside the phases' JUnit XML files.
 
     python scripts/test_suite.py                 # make test
     python scripts/test_suite.py --fast          # make test-fast
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     RESULTS / "parallel.xml"),
               Phase("serial phase", ["-m", "serial"], RESULTS / "serial.xml")]
     t0 = time.monotonic()
-    for phase, where in zip(phases, (paths, serial_paths(paths))):
+    for phase, where in zip(phases, (paths, serial_paths(paths)), strict=True):
         phase.run(common, where)
     for phase, other in (phases, phases[::-1]):
         if phase.status == 5 and other.passed:

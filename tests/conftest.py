@@ -62,7 +62,8 @@ class Output:
 
 # How often a running cell's kernel is searched for the processes it started (each
 # search reads every process of the machine: 5-10 ms, which every 0.1 s and in three
-# parallel test processes took a tenth of the machine); and once more when the cell ends.
+# parallel test processes took a tenth of the machine); and once more when the cell ends,
+# so the next cell need not search again as it starts (a test's many short cells did).
 SCAN_EVERY = 0.5
 
 
@@ -91,6 +92,7 @@ class Kernel:
                     self.km.shutdown_kernel(now=True)
         self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
         self.known: set[int] = {self.pid}
+        self.scanned = 0.0  # when its processes were last searched for (time.monotonic)
         self.stray: list[dict[str, Any]] = []  # iopub messages of earlier cells, kept
         self.init_output: Output | None = None  # a shared group's %rpc_init cell
 
@@ -120,11 +122,9 @@ class Kernel:
         queue_ = list(answers) if isinstance(answers, (list, tuple)) else None
         deadline = time.monotonic() + timeout
         interrupted = False
-        scanned = 0.0
         while True:
-            if time.monotonic() - scanned > SCAN_EVERY:
-                self.known.update(children_of(self.pid))
-                scanned = time.monotonic()
+            if time.monotonic() - self.scanned > SCAN_EVERY:
+                self.scan()
             if interrupt_after is not None and not interrupted and \
                     time.monotonic() - out.started > interrupt_after:
                 self.km.interrupt_kernel()
@@ -176,10 +176,15 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 out.finished = now
                 break
-        self.known.update(children_of(self.pid))
+        self.scan()
         if (out.error or "UsageError" in out.stderr) and not allow_error:
             raise AssertionError("cell failed:\n" + out.traceback)
         return out
+
+    def scan(self) -> None:
+        """Note the processes the kernel runs now, to stop them by pid at the end."""
+        self.known.update(children_of(self.pid))
+        self.scanned = time.monotonic()
 
     def value(self, expr: str) -> Any:
         """Evaluate ``expr`` in the kernel and return it (via repr + literal_eval)."""
@@ -293,8 +298,9 @@ print(True)
 class SharedGroup:
     """One kernel that is worker0 of a group of worker1 and worker2 (``%rpc_init --workers
     2``, or the module's ``GROUP_INIT`` line), shared by the tests of one module (the
-    ``group`` fixture) and passed on to the next module with the same line (``GroupPool``). Before each test it is checked: the kernel and both
-    workers alive, the same pids as when it started, and every worker answering a cell;
+    ``group`` fixture) and passed on to the next module with the same line
+    (``GroupPool``). Before each test it is checked: the kernel and both workers alive,
+    the same pids as when it started, and every worker answering a cell;
     after each test that passed, its background cells are ended and the workers' and the
     kernel's namespaces emptied. When any of that fails, or the test failed (a cell may be
     left running), it is stopped and the next test gets a new one. Its processes are

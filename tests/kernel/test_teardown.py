@@ -27,15 +27,20 @@ from rpcnb.session import teardown
 
 steps, fail_at = [], [0]
 push = teardown.Teardown.push
+me = psutil.Process()
+ours = {me.pid}  # this process and every process it started: /dev/shm is the machine's
+
+def note_ours():
+    ours.update(p.pid for p in me.children(recursive=True))
 
 def failing_push(self, name, cleanup, *, last=False):
     push(self, name, cleanup, last=last)
+    note_ours()
     steps.append(name)
     if len(steps) == fail_at[0]:
         raise RuntimeError(f"injected failure after {name!r}")
 
 teardown.Teardown.push = failing_push
-me = psutil.Process()
 
 def left():
     launcher = launch._launcher
@@ -45,7 +50,7 @@ def left():
     ports = [c.laddr.port for c in me.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     return {"workers": workers, "ports": ports,
             "folders": glob.glob(os.path.join(tempfile.gettempdir(), "rpcnb-*")),
-            "segments": shm.leftovers()}
+            "segments": [f for f in shm.leftovers() if int(f.rsplit("-", 2)[1]) in ours]}
 
 def total(x):
     return int(x.sum())
@@ -55,12 +60,13 @@ def big_send():
     import torch.distributed.rpc as rpc
     x = torch.ones(16 << 20)  # 64 MB to a Python function: rpcnb's shared memory on one host
     assert rpc.rpc_sync("worker1", total, args=(x,)) == x.numel()
+    note_ours()
 
 report = {"clean": left()}
 rpcnb.init(1, port=0)  # every step, nothing injected: the stack's steps in order
 report["steps"] = list(steps)
 big_send()
-report["segments_in_use"] = bool(shm.leftovers())
+report["segments_in_use"] = bool(left()["segments"])
 rpcnb.shutdown()
 report["after_shutdown"] = left()
 n = len(report["steps"])
