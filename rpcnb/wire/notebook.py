@@ -10,11 +10,12 @@ kept between calls.
 The globals a function uses travel with it, each tagged with where it was last assigned
 and how often (``(origin, version)``), and a process takes a value only when it has not
 had that assignment yet: **the notebook's latest assignment wins; a process's own changes
-persist until then.** Locks, conditions, events, semaphores, barriers, queues and
-thread-locals make sense in one process only: they arrive as fresh ones, once per
-assignment. What makes shipping cheap is cached per code object (the submodules a
-function reaches, which cloudpickle finds by scanning ``sys.modules``), and a process
-keeps the functions it rebuilt, so a function shipped again is the same object there.
+persist until then** (a name it no longer has, after a ``%reset`` there, is taken
+again). Locks, conditions, events, semaphores, barriers, queues and thread-locals make
+sense in one process only: they arrive as fresh ones, once per assignment. What makes
+shipping cheap is cached per code object (the submodules a function reaches, which
+cloudpickle finds by scanning ``sys.modules``), and a process keeps the functions it
+rebuilt, so a function shipped again is the same object there.
 A function whose globals cannot change in place is pickled once, into bytes that messages
 carry until one of those globals is rebound (``shipped``, ``load_shipped``).
 """
@@ -440,10 +441,19 @@ def shipped(func: Any) -> bytes | None:
         return form.blob
 
 
+def _globals_here(func: Any) -> bool:
+    """Whether every global name ``func``'s code uses is still in its namespace (or a
+    builtin): a ``%reset`` there empties it, and the bytes carry what it needs again."""
+    g = func.__globals__
+    b = g.get("__builtins__", __builtins__)
+    builtin = b if isinstance(b, dict) else vars(b)
+    return all(n in g or n in builtin for n in _cp._extract_code_globals(func.__code__))
+
+
 def load_shipped(blob: bytes) -> Any:
     """The function ``shipped`` bytes stand for: made once here from the same bytes."""
     func = _from_blob.get(blob)
-    if func is None or func.__globals__ is not namespace():
+    if func is None or func.__globals__ is not namespace() or not _globals_here(func):
         func = pickle.loads(blob)
         with _lock:
             if len(_from_blob) > 1000:
@@ -521,8 +531,10 @@ def take(items: dict[str, tuple[Any, Any]]) -> None:
                 ns.setdefault(name, value)
                 continue
             origin, version = tag
-            if origin == PROCESS or _seen.get((origin, name), 0) >= version:
-                continue  # our own value, or an assignment this process already took
+            if origin == PROCESS:
+                continue  # our own value
+            if _seen.get((origin, name), 0) >= version and name in ns:
+                continue  # an assignment this process took already (or changed since)
             _seen[(origin, name)] = version
             obj = value.make() if isinstance(value, Fresh) else value
             ns[name] = obj

@@ -88,6 +88,27 @@ def test_globals_persist_between_calls_like_a_module(group):
     assert group.value("rpc.rpc_sync('worker1', bump)") == 11
 
 
+def test_a_worker_whose_namespace_was_reset_gets_the_notebooks_globals_again(group):
+    group.execute(
+        "import torch.distributed.rpc as rpc\n"
+        "from torch.distributed.rpc import RRef\n"
+        "SCALE = 3\n"
+        "def scaled(x):\n"
+        "    return RRef.__name__, SCALE * x\n")
+    assert group.value("rpc.rpc_sync('worker1', scaled, args=(2,))") == ("RRef", 6)
+    # the worker forgets everything (%reset in a remote cell); the notebook still has it
+    group.execute("%%remote worker1\nget_ipython().run_line_magic('reset', '-f')")
+    assert "NameError" in group.execute("%%remote worker1 --fetch\nSCALE",
+                                        allow_error=True).traceback
+    # the same function, and a new one using the same imports, find them there again
+    assert group.value("rpc.rpc_sync('worker1', scaled, args=(2,))") == ("RRef", 6)
+    group.execute("def named(x):\n    return RRef.__name__, SCALE + x\n")
+    assert group.value("rpc.rpc_sync('worker1', named, args=(2,))") == ("RRef", 5)
+    # a worker's own assignment still holds until the notebook assigns again
+    group.execute("%%remote worker1\nSCALE = 10")
+    assert group.value("rpc.rpc_sync('worker1', scaled, args=(2,))") == ("RRef", 20)
+
+
 def test_a_get_or_create_singleton_is_created_once_per_process(group):
     # the parameter-server pattern: trainers (the workers) ask another process, through
     # rpc.remote, for a global singleton made under a lock
