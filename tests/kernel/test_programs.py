@@ -3,7 +3,8 @@
 Each program in ``tests/programs/`` is an ordinary torch RPC script: its definitions at
 module level, then, below ``MARKER``, a launcher that runs it under ``mp.spawn`` +
 ``rpc.init_rpc`` (``tests/programs/launch.py``). A test pastes the definitions into a real
-kernel that ran ``%load_ext rpcnb`` and ``%rpc_init --workers N``, calls the same driver
+kernel that ran ``%load_ext rpcnb`` and ``%rpc_init --workers N`` (the programs of three
+ranks one after another in the module's group, reset between them), calls the same driver
 ``run(WORLD_SIZE)`` in a cell, and compares the result with the script's number for number
 (allclose for floats). It also compares what the program printed: the script's terminal
 against the driver cell's output.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import Kernel
+from conftest import Kernel, worker_pids
 from programs import baselines
 from programs.baselines import MARKER, ScriptRun, run_script
 
@@ -76,11 +77,16 @@ def world_size(name: str) -> int:
     raise AssertionError(f"{name}.py defines no WORLD_SIZE")
 
 
-def run_in_notebook(kernel: Kernel, name: str) -> tuple[Any, str]:
+def run_in_notebook(kernel: Kernel, name: str, shared: bool = False) -> tuple[Any, str]:
     """The program pasted into ``kernel``: the result of ``run(WORLD_SIZE)`` in a cell, and
-    everything else that cell printed."""
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute(f"%rpc_init --workers {world_size(name) - 1}")
+    everything else that cell printed. ``shared``: the kernel is the module's group (the
+    programs of three ranks run one after another in it, as a user pastes one program
+    after another into the same notebook), else a kernel of its own, started for it."""
+    if shared:
+        assert len(worker_pids(kernel)) == world_size(name), name
+    else:
+        kernel.execute("%load_ext rpcnb")
+        kernel.execute(f"%rpc_init --workers {world_size(name) - 1}")
     kernel.execute(definitions(name))
     out = kernel.execute(f"import json\nprint({RESULT!r} + json.dumps(run(WORLD_SIZE)))",
                          timeout=CELL_TIMEOUT, allow_error=True)
@@ -136,9 +142,9 @@ def script_baseline(name: str, tmp_path: Path) -> Baseline:
     return Baseline(run.result, run.stdout)
 
 
-def check_program(name: str, kernel: Kernel, tmp_path: Path) -> Baseline:
+def check_program(name: str, kernel: Kernel, tmp_path: Path, shared: bool = False) -> Baseline:
     script = script_baseline(name, tmp_path)
-    notebook, printed = run_in_notebook(kernel, name)
+    notebook, printed = run_in_notebook(kernel, name, shared)
     try:
         assert_same(script.result, notebook)
     except AssertionError as e:
@@ -153,28 +159,28 @@ def check_program(name: str, kernel: Kernel, tmp_path: Path) -> Baseline:
     return script
 
 
-def test_rl_agent_observer(kernel, tmp_path):
-    check_program("rl_agent_observer", kernel, tmp_path)
+def test_rl_agent_observer(group, tmp_path):
+    check_program("rl_agent_observer", group, tmp_path, shared=True)
 
 
 def test_parameter_server(kernel, tmp_path):
     check_program("parameter_server", kernel, tmp_path)
 
 
-def test_batch_parameter_server(kernel, tmp_path):
-    check_program("batch_parameter_server", kernel, tmp_path)
+def test_batch_parameter_server(group, tmp_path):
+    check_program("batch_parameter_server", group, tmp_path, shared=True)
 
 
-def test_rnn_model_parallel(kernel, tmp_path):
-    check_program("rnn_model_parallel", kernel, tmp_path)
+def test_rnn_model_parallel(group, tmp_path):
+    check_program("rnn_model_parallel", group, tmp_path, shared=True)
 
 
-def test_remote_module(kernel, tmp_path):
-    check_program("remote_module", kernel, tmp_path)
+def test_remote_module(group, tmp_path):
+    check_program("remote_module", group, tmp_path, shared=True)
 
 
-def test_pipeline(kernel, tmp_path):
-    script = check_program("pipeline", kernel, tmp_path)
+def test_pipeline(group, tmp_path):
+    script = check_program("pipeline", group, tmp_path, shared=True)
     # and the pipeline computes what the unsplit model computes
     for split, whole in (("outputs", "unsplit_outputs"), ("outputs_after", "unsplit_outputs_after"),
                          ("losses", "unsplit_losses")):
