@@ -337,7 +337,7 @@ def gpu_text(rec: Record) -> str:
 def attached(rec: Record) -> str:
     """The kernel attached to ``rec`` (its name in the group), "" for none. A kernel that
     has ended is not attached, also in the second before the keeper's record says so."""
-    if rec.attached and not (rec.attached_pid and not pid_alive(rec.attached_pid)):
+    if rec.attached and (not rec.attached_pid or pid_alive(rec.attached_pid)):
         return rec.attached
     return claimed(rec.name)
 
@@ -387,7 +387,7 @@ def findings(recs: list[Record] | None = None) -> list[Finding]:
         if kernel:
             now = f"attached: {kernel}" + (" (this kernel)" if mine(rec) else "")
         else:
-            left = rec.keep_s - (time.time() - (idle_since(rec) or time.time()))
+            left = rec.keep_s - (time.time() - (rec.idle_since or time.time()))
             now = (f"no kernel attached for {idle_text(rec)} (it ends by itself in "
                    f"{max(0.0, left):.0f} s)")
         detail = f"keeper pid {rec.pid}, workers {', '.join(rec.workers) or 'none'}; {now}"
@@ -413,11 +413,10 @@ def table(recs: list[Record]) -> str:
     rows = [("group", "keeper pid", "workers", "since", "attached", "idle for", "memory",
              "gpu memory")]
     for r in recs:
-        mem = memory_bytes(r)
+        mem, kernel = memory_bytes(r), attached(r)
         workers = ", ".join(r.workers) + (f" (dead: {', '.join(r.dead)})" if r.dead else "")
         rows.append((r.name, str(r.pid), workers or "none",
                      time.strftime("%H:%M:%S", time.localtime(r.since)),
-                     attached(r) or "no",
-                     "-" if idle_since(r) is None else idle_text(r),
+                     kernel or "no", "-" if kernel else idle_text(r),
                      "-" if mem is None else size(mem), gpu_text(r)))
     return text_table(rows)
