@@ -262,15 +262,6 @@ def stopped(pids: set[int], timeout: float = 5.0) -> list[int]:
     return sorted(p for p in pids if pid_alive(p))
 
 
-@pytest.fixture
-def own_group(kernel) -> Kernel:
-    """A kernel of its own that is worker0 of a group with worker1 and worker2: for a test
-    that kills, restarts, adds or shuts down members, or changes the kernel's settings."""
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute("%rpc_init --workers 2")
-    return kernel
-
-
 # What a shared group's kernel runs between two tests: background cells ended, every
 # worker's namespace and then the kernel's emptied (IPython's %reset -f, which keeps the
 # magics and rpcnb's own state). It prints True when all of that worked.
@@ -293,34 +284,96 @@ __import__('rpcnb').run(__import__('rpcnb').ALL, "__import__('rpcnb.telemetry').
 __import__('rpcnb.telemetry').telemetry.clear()
 print(True)
 """
+# What the kernel runs to leave the group it is in, if any (%rpc_shutdown), and forget what
+# it timed; it binds no name and prints True when that worked.
+LEAVE = """\
+if __import__('rpcnb.session.state').session.state.active() is not None:
+    __import__('rpcnb').shutdown()
+__import__('rpcnb.telemetry').telemetry.clear()
+print(True)
+"""
+# The kernel's environment and working directory, as the test got the kernel (a test may
+# change both; the next test gets them as they were).
+WHERE = "(dict(__import__('os').environ), __import__('os').getcwd())"
+RESTORE = """\
+__import__('os').environ.clear()
+__import__('os').environ.update({env!r})
+__import__('os').chdir({cwd!r})
+print(True)
+"""
+GRACE = 5.0  # seconds a group's processes get to end after it was shut down
+
+
+def is_launcher(pid: int, kernel_pid: int) -> bool:
+    """Whether ``pid`` is the kernel's warm launcher (rpcnb.procs.forkserver), which lives
+    as long as the kernel: the workers it forked are its children, not the kernel's."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.ppid() == kernel_pid and "rpcnb.procs.forkserver" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+@dataclass
+class Lent:
+    """The shared kernel as a test borrowed it: its environment and working directory,
+    the processes it ran then, and every pid it had been seen to start."""
+
+    env: dict[str, str]
+    cwd: str
+    running: set[int]
+    known: set[int]
 
 
 class SharedGroup:
-    """One kernel that is worker0 of a group of worker1 and worker2 (``%rpc_init --workers
-    2``, or the module's ``GROUP_INIT`` line), shared by the tests of one module (the
-    ``group`` fixture) and passed on to the next module with the same line
-    (``GroupPool``). Before each test it is checked: the kernel and both workers alive,
-    the same pids as when it started, and every worker answering a cell;
-    after each test that passed, its background cells are ended and the workers' and the
-    kernel's namespaces emptied. When any of that fails, or the test failed (a cell may be
-    left running), it is stopped and the next test gets a new one. Its processes are
-    stopped by pid when the test process ends, and the teardown fails if one is left."""
+    """The kernel of this test process that tests share (``GroupPool``), with rpcnb
+    loaded. For the ``group`` fixture it is worker0 of a group of worker1 and worker2
+    (``%rpc_init --workers 2``, or the module's ``GROUP_INIT`` line: ``init``); a test
+    that starts, kills, restarts or shuts down members borrows it in no group
+    (``lend``/``give_back``: the ``rpcnb_kernel`` and ``own_group`` fixtures), and the next
+    ``group`` test starts the group again on the same kernel: a warm re-init from the
+    kernel's launcher, a third of a second instead of the 5 s of CPU that a kernel and its
+    launcher cost to start (both import torch).
+
+    Before each ``group`` test it is checked: the kernel and both workers alive, the same
+    pids as when the group started, and every worker answering a cell; after each test that
+    passed, its background cells are ended and the workers' and the kernel's namespaces
+    emptied. When any of that fails, or the test failed (a cell may be left running), the
+    kernel is stopped and the next test gets a new one. A test that borrowed it gives it
+    back with its group shut down, every process that group started ended (else killed and
+    the test fails), the environment and working directory as they were, and the namespace
+    emptied. Its processes are stopped by pid when the test process ends, and the teardown
+    fails if one is left."""
 
     def __init__(self, init: str = "%rpc_init --workers 2") -> None:
         self.init = init
         self.kernel: Kernel | None = None
+        self.running: str | None = None  # the %rpc_init line of the group it runs now
         self.pids: dict[str, int] = {}
         self.known: set[int] = set()
-        self.starts = 0
+        self.starts = 0  # kernels started
+        self.lent: Lent | None = None
 
     def _start(self) -> Kernel:
         k = Kernel()
         self.kernel = k
         self.starts += 1
         k.execute("%load_ext rpcnb")
-        k.init_output = k.execute(self.init)
-        self.pids = worker_pids(k)
         return k
+
+    def _leave(self) -> bool:
+        """The kernel in no group: the one it runs shut down, its workers ended."""
+        k = self.kernel
+        assert k is not None
+        workers = set(self.pids.values()) - {k.pid}
+        self.running, self.pids = None, {}
+        try:
+            done = k.execute(LEAVE, timeout=30, allow_error=True)
+        except (TimeoutError, OSError):
+            return False
+        return done.stdout.strip() == "True" and not stopped(workers, GRACE)
 
     def healthy(self) -> bool:
         k = self.kernel
@@ -336,10 +389,18 @@ class SharedGroup:
             return False
 
     def get(self) -> Kernel:
-        """The group, healthy: the one kept, or a new one."""
-        if self.kernel is not None and not self.healthy():
+        """The group, healthy: the one kept, or one started again (on the same kernel
+        when it is alive and leaves the group it was in, else on a new one)."""
+        if self.kernel is not None and self.running == self.init and not self.healthy():
+            self.stop()
+        if self.kernel is not None and self.running != self.init and (
+                not self.kernel.km.is_alive() or not self._leave()):
             self.stop()
         k = self.kernel or self._start()
+        if self.running != self.init:
+            k.init_output = k.execute(self.init)
+            self.running = self.init
+            self.pids = worker_pids(k)
         k.stray.clear()
         return k
 
@@ -347,7 +408,7 @@ class SharedGroup:
         """To the next module: what its members timed is forgotten; a group that cannot
         do that is stopped."""
         k = self.kernel
-        if k is None:
+        if k is None or self.running is None:
             return
         try:
             if k.execute(HANDOVER, timeout=30, allow_error=True).stdout.strip() == "True":
@@ -372,8 +433,52 @@ class SharedGroup:
         except (TimeoutError, AssertionError, OSError):
             self.stop()
 
+    def lend(self) -> Kernel:
+        """The kernel with rpcnb loaded, in no group, its namespace empty: for a test that
+        starts (and may kill, restart or shut down) a group of its own."""
+        if self.kernel is not None and (not self.kernel.km.is_alive() or not self._leave()):
+            self.stop()
+        k = self.kernel or self._start()
+        env, cwd = k.value(WHERE)
+        k.scan()
+        self.lent = Lent(env, cwd, set(children_of(k.pid)), set(k.known))
+        k.stray.clear()
+        k.init_output = None
+        return k
+
+    def give_back(self, failed: bool) -> list[int]:
+        """After a test that borrowed the kernel: the processes its group left, killed
+        (the test fails on them); a kernel that failed a test, or cannot be put back as
+        it was lent, is stopped."""
+        k, lent, self.lent = self.kernel, self.lent, None
+        if k is None or lent is None:
+            return []
+        if failed or not k.km.is_alive():
+            self.stop()
+            return []
+        try:
+            ok = (k.execute(LEAVE, timeout=30, allow_error=True).stdout.strip() == "True" and
+                  k.execute(RESTORE.format(env=lent.env, cwd=lent.cwd), timeout=15,
+                            allow_error=True).stdout.strip() == "True")
+            k.execute("%reset -f", timeout=15)
+        except (TimeoutError, AssertionError, OSError):
+            ok = False
+        k.scan()
+        # what the test's groups started (seen since the lend: not a pid of before, which
+        # another process may have by now)
+        started = {p for p in k.known - lent.known - lent.running - {k.pid}
+                   if not is_launcher(p, k.pid)}
+        left = stopped(started, GRACE)
+        if left:
+            kill_all(left)
+            ok = False
+        if not ok:
+            self.stop()
+        return left
+
     def stop(self) -> None:
         k, self.kernel = self.kernel, None
+        self.running, self.pids = None, {}
         if k is None:
             return
         k.close()
@@ -386,32 +491,26 @@ class SharedGroup:
 
 
 class GroupPool:
-    """The shared group of this test process, passed from module to module: a module's
-    ``shared_group`` takes the one there is when it was started with the module's
-    %rpc_init line (the module before left it reset and healthy, or stopped), else that
-    one is stopped and the module gets a new one. Starting a kernel and its group costs
-    about 5 s of CPU (torch imported by the kernel and by its launcher), which a suite
-    that keeps both cores busy pays in wall time."""
+    """The shared kernel of this test process (``SharedGroup``), passed from module to
+    module: a module's ``shared_group`` takes it with the module's %rpc_init line (the
+    module before left it reset and healthy, or stopped); with another line than the
+    group it runs, the next ``group`` test leaves that group and starts one with the new
+    line on the same kernel. Starting a kernel and its group costs about 5 s of CPU
+    (torch imported by the kernel and by its launcher), which a suite that keeps both
+    cores busy pays in wall time; a warm re-init costs a tenth of that."""
 
     def __init__(self) -> None:
-        self.current: SharedGroup | None = None
+        self.current = SharedGroup()
         self.left: list[int] = []  # pids of the groups stopped that outlived the stop
 
     def take(self, init: str) -> SharedGroup:
-        if self.current is not None and self.current.init != init:
-            self.left += self.current.close()
-            self.current = None
-        if self.current is None:
-            self.current = SharedGroup(init)
-        else:
-            self.current.hand_on()
+        self.current.hand_on()
+        self.current.init = init
         return self.current
 
     def close(self) -> list[int]:
-        """Stop the group there is; the pids of every group's processes still alive."""
-        if self.current is not None:
-            self.left += self.current.close()
-            self.current = None
+        """Stop the kernel; the pids of every group's processes still alive."""
+        self.left += self.current.close()
         return sorted(p for p in self.left if pid_alive(p))
 
 
@@ -440,6 +539,40 @@ def group(shared_group: SharedGroup, request: pytest.FixtureRequest) -> Any:
         shared_group.stop()
     else:
         shared_group.reset()
+
+
+@pytest.fixture
+def rpcnb_kernel(group_pool: GroupPool, request: pytest.FixtureRequest) -> Any:
+    """The test process's shared kernel (``SharedGroup``), with rpcnb loaded and in no
+    group: for a test that starts groups with flags of its own, and may kill, freeze,
+    restart, add, join or shut down their members, or change the kernel's environment or
+    working directory (both are put back). It gets the kernel back with every group shut
+    down and every process they started ended (those left are killed and fail the test).
+    A test that ends or restarts the kernel itself, or needs one that never ran rpcnb
+    (``%load_ext``, the launcher's start), takes ``kernel``."""
+    k = group_pool.current.lend()
+    yield k
+    report = getattr(request.node, "rpcnb_call_report", None)
+    left = group_pool.current.give_back(report is None or report.failed)
+    assert not left, f"processes the test's group started were left running: {left}"
+
+
+@pytest.fixture
+def own_group(rpcnb_kernel: Kernel) -> Kernel:
+    """The shared kernel (``rpcnb_kernel``) as worker0 of a group of its own with worker1
+    and worker2: for a test that kills, freezes, restarts, adds, joins or shuts down
+    members, or changes the kernel's settings."""
+    rpcnb_kernel.execute("%rpc_init --workers 2")
+    return rpcnb_kernel
+
+
+@pytest.fixture
+def own_kernel_group(kernel: Kernel) -> Kernel:
+    """A new kernel that is worker0 of a group with worker1 and worker2: for a test that
+    kills or restarts the kernel itself."""
+    kernel.execute("%load_ext rpcnb")
+    kernel.execute("%rpc_init --workers 2")
+    return kernel
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

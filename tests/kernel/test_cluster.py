@@ -106,27 +106,26 @@ def outside_cluster(tmp_path):
         kill_all(pids)
 
 
-def test_attach_leaves_the_engines_running(kernel, outside_cluster):
+def test_attach_leaves_the_engines_running(rpcnb_kernel, outside_cluster):
     cluster, rc = outside_cluster
     engines = rc[:].apply_sync(os.getpid)
     rc[:].execute("before = 'the engine had this'", block=True)
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute(f"%rpc_init --attach {cluster.profile_dir}:{cluster.cluster_id}")
+    out = rpcnb_kernel.execute(f"%rpc_init --attach {cluster.profile_dir}:{cluster.cluster_id}")
     assert "worker1" in out.stdout and "worker2" in out.stdout
-    members = worker_pids(kernel)
+    members = worker_pids(rpcnb_kernel)
     assert sorted(members.values()) == sorted([*engines, members["worker0"]])
-    assert kernel.execute("%%remote worker2 --fetch\nbefore").text == "'the engine had this'"
-    kernel.execute("%%remote --all\nafter = 'rpcnb left this'")
-    kernel.execute("%rpc_shutdown")
+    assert rpcnb_kernel.execute("%%remote worker2 --fetch\nbefore").text == "'the engine had this'"
+    rpcnb_kernel.execute("%%remote --all\nafter = 'rpcnb left this'")
+    rpcnb_kernel.execute("%rpc_shutdown")
     # the engines run on, in the group no more, with their namespace
     assert all(pid_alive(p) for p in engines)
     rc[:].execute("import rpcnb.session.state\ninside = rpcnb.session.state.is_initialized()", block=True)
     assert rc[:].pull("inside", block=True) == [False, False]
     assert rc[:].pull("after", block=True) == ["rpcnb left this"] * 2
     # and can be attached again by a new group
-    kernel.execute(f"%rpc_init --attach {cluster.profile_dir}:{cluster.cluster_id}")
-    assert kernel.execute("%%remote worker1 --fetch\nafter").text == "'rpcnb left this'"
-    kernel.execute("%rpc_shutdown")
+    rpcnb_kernel.execute(f"%rpc_init --attach {cluster.profile_dir}:{cluster.cluster_id}")
+    assert rpcnb_kernel.execute("%%remote worker1 --fetch\nafter").text == "'rpcnb left this'"
+    rpcnb_kernel.execute("%rpc_shutdown")
 
 
 def test_cluster_args_reach_ipyparallel_as_written():
@@ -143,8 +142,7 @@ def test_cluster_args_reach_ipyparallel_as_written():
         parse_cluster_args("profile_dir")
 
 
-def test_bad_cluster_lines_say_what_to_do(kernel):
-    kernel.execute("%load_ext rpcnb")
+def test_bad_cluster_lines_say_what_to_do(rpcnb_kernel):
     for line, message in [
         ("%rpc_init --engines 0", errors.BAD_ENGINES.format(engines=0)),
         ("%rpc_init --engines 2 --launcher carrier-pigeon", "is not one of ipyparallel's launchers"),
@@ -153,9 +151,9 @@ def test_bad_cluster_lines_say_what_to_do(kernel):
         ("%rpc_init --engines 1 --cluster-args 'oops'", "is not an ipyparallel setting"),
         ("%rpc_init --attach no-such-cluster-here", "No running ipyparallel cluster 'no-such-cluster-here'"),
     ]:
-        out = kernel.execute(line, allow_error=True)
+        out = rpcnb_kernel.execute(line, allow_error=True)
         assert message in out.traceback, (line, out.traceback)
-    assert not kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()")
+    assert not rpcnb_kernel.value("__import__('rpcnb.session.state').session.state.is_initialized()")
 
 
 def test_engines_that_never_register_are_named_with_what_they_printed(kernel, tmp_path):

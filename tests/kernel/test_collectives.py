@@ -85,33 +85,31 @@ def test_resizing_is_refused_and_shutdown_lets_a_new_group_form(coll_group):
     k.execute("%rpc_shutdown")
 
 
-def test_collectives_flags_say_where_they_do_not_apply(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_init --collectives gloo", allow_error=True)
+def test_collectives_flags_say_where_they_do_not_apply(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%rpc_init --collectives gloo", allow_error=True)
     assert "--collectives needs workers" in out.stderr
-    out = kernel.execute("%rpc_init --join /nowhere/connection.json --name w9 --collectives gloo",
+    out = rpcnb_kernel.execute("%rpc_init --join /nowhere/connection.json --name w9 --collectives gloo",
                          allow_error=True)
     assert "joined kernels, headless workers and ipyparallel engines cannot" in out.stderr
-    out = kernel.execute("%rpc_init --workers 1 --collective-timeout 3", allow_error=True)
+    out = rpcnb_kernel.execute("%rpc_init --workers 1 --collective-timeout 3", allow_error=True)
     assert "--collective-timeout goes with --collectives" in out.stderr
 
 
-def test_interrupting_a_collective_that_waits_for_a_rank(kernel):
+def test_interrupting_a_collective_that_waits_for_a_rank(rpcnb_kernel):
     """A cell stuck in a collective that not every rank joined: the kernel's interrupt ends
     the cell at once, and the group (collectives included) works again afterwards."""
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute("%rpc_init --workers 2 --collectives gloo --collective-timeout 8")
+    rpcnb_kernel.execute("%rpc_init --workers 2 --collectives gloo --collective-timeout 8")
     t0 = time.monotonic()
-    out = kernel.execute("%%remote worker1\n" + COLL + "dist.all_reduce(torch.ones(1))",
+    out = rpcnb_kernel.execute("%%remote worker1\n" + COLL + "dist.all_reduce(torch.ones(1))",
                          allow_error=True, timeout=60, interrupt_after=2)
     took = time.monotonic() - t0
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out.error
     assert took < 6, took
     assert "worker1 still waits inside a collective" in out.stderr, out.stderr
-    assert kernel.execute("1 + 1").text == "2"  # the kernel at once
+    assert rpcnb_kernel.execute("1 + 1").text == "2"  # the kernel at once
     # the next remote cell waits for worker1's collective to give up, forms the process
     # group again, and then collectives work on every rank
-    again = kernel.execute("%%remote --all --fetch\n" + COLL +
+    again = rpcnb_kernel.execute("%%remote --all --fetch\n" + COLL +
                            "t = torch.ones(1)\ndist.all_reduce(t)\nfloat(t)", timeout=60)
     assert again.text == "{'worker1': 2.0, 'worker2': 2.0}", again.text + again.stderr
     assert "formed again" in again.stderr, again.stderr

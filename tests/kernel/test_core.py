@@ -40,43 +40,41 @@ def test_load_ext_is_light_and_quiet(kernel):
     assert out.stdout.split() == ["True"]
 
 
-def test_device_map_is_checked_before_anything_starts(kernel):
+def test_device_map_is_checked_before_anything_starts(rpcnb_kernel):
     # on any machine: a map onto a GPU worker1 does not have (worker1 sees this kernel's
     # GPUs), refused in seconds with the member and the device named, nothing started
     gpus = torch_gpus()
-    kernel.execute("%load_ext rpcnb")
-    before = set(children_of(kernel.pid))
+    before = set(children_of(rpcnb_kernel.pid))
     t0 = time.monotonic()
-    bad = kernel.execute(f"%rpc_init --workers 1 --device-map 1_0_{gpus}", allow_error=True)
+    bad = rpcnb_kernel.execute(f"%rpc_init --workers 1 --device-map 1_0_{gpus}", allow_error=True)
     assert time.monotonic() - t0 < 15  # torch's own check: a minute (importing torch is most of this)
     if gpus == 0:
         assert "this machine has no CUDA devices" in bad.traceback
     else:
         assert f"worker1 has only {gpus} CUDA device" in bad.traceback
         assert f"cuda:{gpus} in the map for worker1 does not exist there" in bad.traceback
-    assert set(children_of(kernel.pid)) == before  # nothing was started
-    dup = kernel.execute("%rpc_init --workers 1 --device-map 1_0_0,1_1_0", allow_error=True)
+    assert set(children_of(rpcnb_kernel.pid)) == before  # nothing was started
+    dup = rpcnb_kernel.execute("%rpc_init --workers 1 --device-map 1_0_0,1_1_0", allow_error=True)
     assert "duplicated target device" in dup.traceback
-    bad = kernel.execute("%rpc_init --workers 2 --gpus 0,1,2", allow_error=True)
+    bad = rpcnb_kernel.execute("%rpc_init --workers 2 --gpus 0,1,2", allow_error=True)
     assert "--gpus '0,1,2'" in bad.traceback
-    bad = kernel.execute(f"%rpc_init --workers 1 --gpus {gpus}", allow_error=True)
+    bad = rpcnb_kernel.execute(f"%rpc_init --workers 1 --gpus {gpus}", allow_error=True)
     assert f"this kernel sees {gpus} GPU" in bad.traceback
-    assert set(children_of(kernel.pid)) == before
-    kernel.execute("%rpc_init --workers 1 --device-map \"{'worker1': {'cpu': 'cpu'}}\"")
-    maps = kernel.value("{k: {str(a): str(b) for a, b in v.items()} for k, v in __import__("
+    assert set(children_of(rpcnb_kernel.pid)) == before
+    rpcnb_kernel.execute("%rpc_init --workers 1 --device-map \"{'worker1': {'cpu': 'cpu'}}\"")
+    maps = rpcnb_kernel.value("{k: {str(a): str(b) for a, b in v.items()} for k, v in __import__("
                         "'torch').distributed.rpc.api._get_current_rpc_agent()"
                         "._get_backend_options().device_maps.items()}")
     assert maps == {"worker1": {"cpu": "cpu"}}
     # the map is the kernel's own: the worker it started has none
-    assert kernel.execute(
+    assert rpcnb_kernel.execute(
         "%%remote worker1 --fetch\nimport torch.distributed.rpc as rpc\n"
         "len(rpc.api._get_current_rpc_agent()._get_backend_options().device_maps)").text == "0"
-    assert kernel.execute("%%remote worker1 --fetch\n3").text == "3"
+    assert rpcnb_kernel.execute("%%remote worker1 --fetch\n3").text == "3"
 
 
-def test_init_prints_group_and_join_line(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_init --workers 2")
+def test_init_prints_group_and_join_line(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%rpc_init --workers 2")
     lines = out.stdout.splitlines()
     table = "\n".join(lines)
     for name in ("worker0", "worker1", "worker2"):
@@ -86,8 +84,8 @@ def test_init_prints_group_and_join_line(kernel):
     conn = join[0].split()[2]
     assert conn.endswith("/connection.json")
     assert oct(os.stat(conn).st_mode & 0o777) == "0o600"  # the secret is this user's only
-    pids = worker_pids(kernel)
-    assert pids["worker0"] == kernel.pid
+    pids = worker_pids(rpcnb_kernel)
+    assert pids["worker0"] == rpcnb_kernel.pid
     assert all(pid_alive(pids[n]) for n in ("worker1", "worker2"))
     assert str(pids["worker1"]) in table and str(pids["worker2"]) in table
     assert out.stderr == ""
@@ -377,19 +375,18 @@ def use(worker):
 """
 
 
-def test_torch_rrefs_and_their_proxies_work_in_the_kernels_next_group(kernel):
+def test_torch_rrefs_and_their_proxies_work_in_the_kernels_next_group(rpcnb_kernel):
     # torch builds its RRef bookkeeping on a process's first agent and keeps it: in a
     # kernel's second group, owner() asked that shut-down agent ("could not find
     # destination id 1"), and so did RRef proxies (the CUDA recipe's rm.rpc_sync().forward)
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute("%rpc_init --workers 1")
-    kernel.execute(RREF_CELL)
-    assert kernel.execute("use('worker1')").text == "('worker1', [3.0, 3.0])"
-    kernel.execute("%rpc_shutdown")
-    kernel.execute("%rpc_init --workers 2")  # worker2: an id the first agent never knew
+    rpcnb_kernel.execute("%rpc_init --workers 1")
+    rpcnb_kernel.execute(RREF_CELL)
+    assert rpcnb_kernel.execute("use('worker1')").text == "('worker1', [3.0, 3.0])"
+    rpcnb_kernel.execute("%rpc_shutdown")
+    rpcnb_kernel.execute("%rpc_init --workers 2")  # worker2: an id the first agent never knew
     for worker in ("worker1", "worker2"):
-        assert kernel.execute(f"use({worker!r})").text == f"({worker!r}, [3.0, 3.0])"
-    kernel.execute("%rpc_shutdown")
+        assert rpcnb_kernel.execute(f"use({worker!r})").text == f"({worker!r}, [3.0, 3.0])"
+    rpcnb_kernel.execute("%rpc_shutdown")
 
 
 def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(own_group, kernel_factory):
@@ -461,11 +458,10 @@ def test_bad_input_gets_one_clear_sentence(group):
                                                                          "worker2": 3}
 
 
-def test_magics_need_a_group_first(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%%remote worker1\n1", allow_error=True)
+def test_magics_need_a_group_first(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%%remote worker1\n1", allow_error=True)
     assert "run %rpc_init" in out.traceback
-    out = kernel.execute("%rpc_shutdown", allow_error=True)
+    out = rpcnb_kernel.execute("%rpc_shutdown", allow_error=True)
     assert "run %rpc_init" in out.traceback
 
 
@@ -504,12 +500,12 @@ def test_python_api_from_a_script(tmp_path):
     ]
 
 
-def test_workers_exit_when_the_kernel_dies(own_group):
-    pids = worker_pids(own_group)
-    group_dir = Path(own_group.value(
+def test_workers_exit_when_the_kernel_dies(own_kernel_group):
+    pids = worker_pids(own_kernel_group)
+    group_dir = Path(own_kernel_group.value(
         "str(__import__('rpcnb.session.state').session.state.current().group_dir)"))
     assert (group_dir / "connection.json").exists()
-    os.kill(own_group.pid, signal.SIGKILL)
+    os.kill(own_kernel_group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(
             pid_alive(pids[n]) for n in ("worker1", "worker2")):
@@ -519,7 +515,7 @@ def test_workers_exit_when_the_kernel_dies(own_group):
     assert not group_dir.exists()
 
 
-def test_init_sweeps_the_directories_of_dead_groups(kernel, tmp_path):
+def test_init_sweeps_the_directories_of_dead_groups(rpcnb_kernel, tmp_path):
     import json
     import subprocess
     import tempfile
@@ -537,11 +533,10 @@ def test_init_sweeps_the_directories_of_dead_groups(kernel, tmp_path):
             "leader_pid": pid, "boot_id": boot}))
         made[tag] = d
     try:
-        kernel.execute("%load_ext rpcnb")
-        kernel.execute("%rpc_init --workers 1")
+        rpcnb_kernel.execute("%rpc_init --workers 1")
         assert not made["dead"].exists()
         assert made["alive"].exists()
-        kernel.execute("%rpc_shutdown")
+        rpcnb_kernel.execute("%rpc_shutdown")
     finally:
         import shutil
 
@@ -580,24 +575,23 @@ def test_tensor_extraction_handles_notebook_classes(group):
     assert group.value("rpc.rpc_sync('worker1', extract_there)") == [(2,), (3,), (4,)]
 
 
-def test_gpus_per_worker_and_auto_device_maps(kernel):
+def test_gpus_per_worker_and_auto_device_maps(rpcnb_kernel):
     # --gpus none: workers see no GPU; --gpus auto: one each, round-robin, numbered from
     # cuda:0 in each worker; --device-map auto: every member maps each GPU to the same
     # index on every other member that has it (on a CPU machine: no map at all)
     gpus = torch_gpus()
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute("%rpc_init --workers 2 --gpus none --device-map auto")
-    seen = kernel.execute("%%remote --all --fetch\nimport os, torch\n"
+    rpcnb_kernel.execute("%rpc_init --workers 2 --gpus none --device-map auto")
+    seen = rpcnb_kernel.execute("%%remote --all --fetch\nimport os, torch\n"
                           "(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count())")
     assert seen.text == "{'worker1': ('', 0), 'worker2': ('', 0)}"
-    rows = {ln.split()[0]: ln for ln in kernel.execute("%rpc_workers").text.splitlines()
+    rows = {ln.split()[0]: ln for ln in rpcnb_kernel.execute("%rpc_workers").text.splitlines()
             if ln.startswith("worker")}
     assert " cpu " in rows["worker1"] and " cpu " in rows["worker2"]
-    kernel.execute("%rpc_shutdown")
-    kernel.execute("%rpc_init --workers 2 --gpus auto --device-map auto")
-    seen = kernel.execute("%%remote --all --fetch\nimport torch\ntorch.cuda.device_count()")
+    rpcnb_kernel.execute("%rpc_shutdown")
+    rpcnb_kernel.execute("%rpc_init --workers 2 --gpus auto --device-map auto")
+    seen = rpcnb_kernel.execute("%%remote --all --fetch\nimport torch\ntorch.cuda.device_count()")
     assert seen.text == repr({"worker1": min(gpus, 1), "worker2": min(gpus, 1)})
-    maps = kernel.execute(
+    maps = rpcnb_kernel.execute(
         "%%remote --all --fetch\nimport torch.distributed.rpc as rpc\n"
         "{p: {str(a): str(b) for a, b in m.items()} for p, m in "
         "rpc.api._get_current_rpc_agent()._get_backend_options().device_maps.items()}")
@@ -607,5 +601,5 @@ def test_gpus_per_worker_and_auto_device_maps(kernel):
         assert ast.literal_eval(maps.text) == {
             "worker1": {"worker0": {"cuda:0": "cuda:0"}, "worker2": {"cuda:0": "cuda:0"}},
             "worker2": {"worker0": {"cuda:0": "cuda:0"}, "worker1": {"cuda:0": "cuda:0"}}}
-        assert "(GPU " in kernel.execute("%rpc_workers").text
-    kernel.execute("%rpc_shutdown")
+        assert "(GPU " in rpcnb_kernel.execute("%rpc_workers").text
+    rpcnb_kernel.execute("%rpc_shutdown")

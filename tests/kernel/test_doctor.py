@@ -18,26 +18,26 @@ from rpcnb.observe import doctor
 from rpcnb.procs.processes import kill_all
 
 
-def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_path):
+def test_doctor_reports_a_small_shm_a_container_and_an_open_token(rpcnb_kernel, tmp_path):
     why = private_shm_blocker()
     if why:
         pytest.skip(why)
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute("%rpc_init --workers 1")
-    conn = kernel.value("str(__import__('rpcnb.session.state').session.state.current().connection_path)")
+    rpcnb_kernel.execute("%rpc_init --workers 1")
+    conn = rpcnb_kernel.value(
+        "str(__import__('rpcnb.session.state').session.state.current().connection_path)")
     log = tmp_path / "tiny.log"
     proc = small_shm_worker(conn, "tiny", log)
     try:
         deadline = time.monotonic() + 90
-        while "tiny" not in worker_pids(kernel) and time.monotonic() < deadline:
+        while "tiny" not in worker_pids(rpcnb_kernel) and time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.3)
-        assert "tiny" in worker_pids(kernel), log.read_text()[-2000:]
+        assert "tiny" in worker_pids(rpcnb_kernel), log.read_text()[-2000:]
 
-        out = kernel.execute("%rpc_doctor")  # a widget; its plain text is the report
+        out = rpcnb_kernel.execute("%rpc_doctor")  # a widget; its plain text is the report
         assert "application/vnd.jupyter.widget-view+json" in out.results[0]
         text = out.text
-        plain = kernel.execute("%rpc_doctor --text").stdout  # the same report, printed
+        plain = rpcnb_kernel.execute("%rpc_doctor --text").stdout  # the same report, printed
         assert "containers default to 64 MB" in plain and "1 problem found" in plain, plain
         lines = text.splitlines()
         shm = next(i for i, line in enumerate(lines) if "tiny" in line and "/dev/shm" in line)
@@ -46,7 +46,7 @@ def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_pa
         assert any("tiny" in line and "container=podman" in line for line in lines), text
         assert "1 problem found" in text, text
 
-        found = json.loads(kernel.execute("%rpc_doctor --json").stdout)
+        found = json.loads(rpcnb_kernel.execute("%rpc_doctor --json").stdout)
         by = {(f["member"], f["check"]): f for f in found}
         assert by[("worker1", "/dev/shm")]["level"] == "ok"  # the machine's own /dev/shm
         assert by[("tiny", "/dev/shm")]["level"] == "warn"
@@ -57,10 +57,10 @@ def test_doctor_reports_a_small_shm_a_container_and_an_open_token(kernel, tmp_pa
         assert by[("tiny", "clock")]["level"] == "ok"
 
         os.chmod(conn, 0o644)  # a connection file others can read: the secret is out
-        text = kernel.execute("%rpc_doctor --text").stdout
+        text = rpcnb_kernel.execute("%rpc_doctor --text").stdout
         assert f"chmod 600 {conn}" in text and "2 problems found" in text, text
         os.chmod(conn, 0o600)
-        kernel.execute("%rpc_shutdown")
+        rpcnb_kernel.execute("%rpc_shutdown")
         proc.wait(30)
         assert proc.returncode == 0, log.read_text()[-2000:]
     finally:

@@ -98,45 +98,44 @@ def test_unpicklable_result_and_syntax_error(group):
     assert group.execute("%%remote worker1 --fetch\nkeep").text == "5"
 
 
-def test_join_errors_are_clear_and_leave_nothing(kernel):
-    kernel.execute("%load_ext rpcnb")
+def test_join_errors_are_clear_and_leave_nothing(rpcnb_kernel):
     t0 = time.monotonic()
-    out = kernel.execute("%rpc_init --join file:///nonexistent/rpcnb/store --name bob",
+    out = rpcnb_kernel.execute("%rpc_init --join file:///nonexistent/rpcnb/store --name bob",
                          allow_error=True)
     assert time.monotonic() - t0 < 5
     assert "No rpcnb group answers at" in out.traceback
-    out = kernel.execute("%rpc_init --join file:///tmp/x --name 'bad name'", allow_error=True)
+    out = rpcnb_kernel.execute("%rpc_init --join file:///tmp/x --name 'bad name'", allow_error=True)
     assert "not a valid worker name" in out.traceback
-    out = kernel.execute("%rpc_init --join file:///tmp/x", allow_error=True)
+    out = rpcnb_kernel.execute("%rpc_init --join file:///tmp/x", allow_error=True)
     assert "--join needs --name" in out.traceback
-    assert kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
+    assert rpcnb_kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
-def test_kernel_restart_stops_the_workers_it_started(own_group):
-    pids = worker_pids(own_group)
-    own_group.km.restart_kernel(now=True)
+def test_kernel_restart_stops_the_workers_it_started(own_kernel_group):
+    pids = worker_pids(own_kernel_group)
+    own_kernel_group.km.restart_kernel(now=True)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(
             pid_alive(pids[n]) for n in ("worker1", "worker2")):
         time.sleep(0.1)
     assert not any(pid_alive(pids[n]) for n in ("worker1", "worker2"))
     # the restarted kernel starts a new group as if nothing happened
-    own_group.pid = own_group.km.provisioner.pid
-    own_group.known.add(own_group.pid)
-    own_group.kc.wait_for_ready(timeout=60)
-    own_group.execute("%load_ext rpcnb")
-    own_group.execute("%rpc_init --workers 1")
-    assert own_group.execute("%%remote worker1 --fetch\n'fresh'").text == "'fresh'"
-    own_group.execute("%rpc_shutdown")
+    own_kernel_group.pid = own_kernel_group.km.provisioner.pid
+    own_kernel_group.known.add(own_kernel_group.pid)
+    own_kernel_group.kc.wait_for_ready(timeout=60)
+    own_kernel_group.execute("%load_ext rpcnb")
+    own_kernel_group.execute("%rpc_init --workers 1")
+    assert own_kernel_group.execute("%%remote worker1 --fetch\n'fresh'").text == "'fresh'"
+    own_kernel_group.execute("%rpc_shutdown")
 
 
-def test_joined_kernel_leaves_when_the_first_kernel_dies(own_group, kernel_factory):
-    join_line = next(ln.strip() for ln in own_group.execute("%rpc_workers").text.splitlines()
+def test_joined_kernel_leaves_when_the_first_kernel_dies(own_kernel_group, kernel_factory):
+    join_line = next(ln.strip() for ln in own_kernel_group.execute("%rpc_workers").text.splitlines()
                      if ln.strip().startswith("%rpc_init --join")).replace("NAME", "bob")
     bob = kernel_factory()
     bob.execute("%load_ext rpcnb\nkept = 'mine'")
     bob.execute(join_line)
-    os.kill(own_group.pid, signal.SIGKILL)
+    os.kill(own_kernel_group.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while bob.value("__import__('rpcnb.api').api.is_initialized()"):
         assert time.monotonic() < deadline, "the joined kernel did not notice"
@@ -164,17 +163,16 @@ def test_a_member_that_answers_again_shows_alive_again(group):
     assert group.execute("%%remote worker1 --fetch\n'back'").text == "'back'"
 
 
-def test_every_member_answers_right_after_init_30_times(kernel):
+def test_every_member_answers_right_after_init_30_times(rpcnb_kernel):
     # a started worker joins torch's group before it has set itself up; rpcnb lists it
     # only once it has registered, so the first %rpc_workers never sees a half-made one
-    kernel.execute("%load_ext rpcnb")
     for cycle in range(30):
-        table = kernel.execute("%rpc_init --workers 2").stdout
+        table = rpcnb_kernel.execute("%rpc_init --workers 2").stdout
         rows = [ln for ln in table.splitlines() if ln.startswith("worker")]
         assert len(rows) == 3, (cycle, table)
         assert all(" yes " in row for row in rows), (cycle, table)
         assert "not answering" not in table, (cycle, table)
-        kernel.execute("%rpc_shutdown")
+        rpcnb_kernel.execute("%rpc_shutdown")
 
 
 def test_awkward_exceptions_and_results_leave_the_worker_alive(group):

@@ -189,9 +189,8 @@ def test_add_starts_more_workers_in_a_running_group(own_group):
     assert "worker4" in got.text and "worker1" in got.text
 
 
-def test_init_shows_each_worker_starting(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_init --workers 2")
+def test_init_shows_each_worker_starting(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%rpc_init --workers 2")
     text = shown(out)
     assert "starting (pid" in text and "ready" in text, text
     assert "worker1" in text and "worker2" in text

@@ -44,7 +44,6 @@ def test_probe_bad_input(group):
     assert probe.SELF_PROBE.format(name="worker0") in out.traceback
 
 
-def test_probe_needs_a_group(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_probe", allow_error=True)
+def test_probe_needs_a_group(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%rpc_probe", allow_error=True)
     assert "run %rpc_init" in out.traceback

@@ -121,9 +121,8 @@ def test_wrong_secret_or_version_is_refused_before_joining(group, kernel_factory
     assert group.execute("%%remote bob --fetch\n6 * 7").text == "42"
 
 
-def test_tcp_group_on_loopback_with_token_join_and_refusal(kernel_factory):
-    leader = kernel_factory()
-    leader.execute("%load_ext rpcnb")
+def test_tcp_group_on_loopback_with_token_join_and_refusal(rpcnb_kernel, kernel_factory):
+    leader = rpcnb_kernel
     out = leader.execute("%rpc_init --workers 1 --port 0")
     path = join_file(leader)
     conn = json.loads(open(path).read())
@@ -155,17 +154,16 @@ def test_tcp_group_on_loopback_with_token_join_and_refusal(kernel_factory):
     assert time.monotonic() - t0 < 15
 
 
-def test_busy_port_and_unreachable_rendezvous(kernel):
-    kernel.execute("%load_ext rpcnb")
+def test_busy_port_and_unreachable_rendezvous(rpcnb_kernel):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
     try:
-        before = set(children_of(kernel.pid))
-        out = kernel.execute(f"%rpc_init --workers 1 --port {port}", allow_error=True)
+        before = set(children_of(rpcnb_kernel.pid))
+        out = rpcnb_kernel.execute(f"%rpc_init --workers 1 --port {port}", allow_error=True)
         assert f"Port {port} on 127.0.0.1 is busy" in out.traceback
-        assert set(children_of(kernel.pid)) == before
+        assert set(children_of(rpcnb_kernel.pid)) == before
     finally:
         taken.close()
     closed = socket.socket()
@@ -173,18 +171,17 @@ def test_busy_port_and_unreachable_rendezvous(kernel):
     free_port = closed.getsockname()[1]
     closed.close()
     t0 = time.monotonic()
-    out = kernel.execute(f"%rpc_init --join tcp://127.0.0.1:{free_port} --token abc --name bob",
+    out = rpcnb_kernel.execute(f"%rpc_init --join tcp://127.0.0.1:{free_port} --token abc --name bob",
                          allow_error=True)
     assert time.monotonic() - t0 < 15
     assert "No rpcnb group answers at" in out.traceback
-    assert kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
+    assert rpcnb_kernel.value("__import__('rpcnb.api').api.is_initialized()") is False
 
 
-def test_non_loopback_host_needs_allow_remote(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_init --workers 1 --port 0 --host 0.0.0.0", allow_error=True)
+def test_non_loopback_host_needs_allow_remote(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%rpc_init --workers 1 --port 0 --host 0.0.0.0", allow_error=True)
     assert "add --allow-remote" in out.traceback
-    out = kernel.execute("%rpc_init --workers 1 --host 127.0.0.1", allow_error=True)
+    out = rpcnb_kernel.execute("%rpc_init --workers 1 --host 127.0.0.1", allow_error=True)
     assert "--host goes with --port" in out.traceback
 
 

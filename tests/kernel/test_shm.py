@@ -270,16 +270,16 @@ def test_no_buffers_left_after_shutdown_and_worker_kill(no_api_group):
         kill_all(sorted(p for p in seen if pid_alive(p)))
 
 
-def test_no_buffers_left_after_the_kernel_dies(own_group):
-    own_group.execute("import torch, torch.distributed.rpc as rpc\n"
+def test_no_buffers_left_after_the_kernel_dies(own_kernel_group):
+    own_kernel_group.execute("import torch, torch.distributed.rpc as rpc\n"
                       "def keep(t):\n    global kept\n    kept = t\n"
                       "rpc.rpc_sync('worker1', keep, args=(torch.ones(2**20),))")
-    gid = own_group.value("__import__('rpcnb.session.state').session.state.current().group_id")
-    own_group.execute("%%remote worker2 -o r\nimport torch\ntorch.ones(2**20)")
-    own_group.execute("x = r.to_here()")
-    pids = worker_pids(own_group)
-    assert any(f"-{own_group.pid}-" in p for p in shm.leftovers(gid))
-    os.kill(own_group.pid, signal.SIGKILL)
+    gid = own_kernel_group.value("__import__('rpcnb.session.state').session.state.current().group_id")
+    own_kernel_group.execute("%%remote worker2 -o r\nimport torch\ntorch.ones(2**20)")
+    own_kernel_group.execute("x = r.to_here()")
+    pids = worker_pids(own_kernel_group)
+    assert any(f"-{own_kernel_group.pid}-" in p for p in shm.leftovers(gid))
+    os.kill(own_kernel_group.pid, signal.SIGKILL)
     assert wait_until(lambda: not any(pid_alive(pids[n]) for n in ("worker1", "worker2")), 15)
     assert shm.leftovers(gid) == []
 

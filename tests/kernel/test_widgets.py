@@ -89,10 +89,9 @@ def test_devmap_editor_live_group_and_apply(own_group):
     own_group.execute("%rpc_shutdown")
 
 
-def test_devmap_editor_without_a_group(kernel):
-    kernel.execute("%load_ext rpcnb")
-    out = kernel.execute("%rpc_devmap", allow_error=True)
+def test_devmap_editor_without_a_group(rpcnb_kernel):
+    out = rpcnb_kernel.execute("%rpc_devmap", allow_error=True)
     assert "run %rpc_init first, or declare the members" in out.traceback
-    kernel.execute("ed = %rpc_devmap --topology worker0=1,worker1=1 --name worker1")
-    assert kernel.value("(ed.me, ed.local_devices, ed.source)") == (
+    rpcnb_kernel.execute("ed = %rpc_devmap --topology worker0=1,worker1=1 --name worker1")
+    assert rpcnb_kernel.value("(ed.me, ed.local_devices, ed.source)") == (
         "worker1", ["cuda:0"], "declared topology")

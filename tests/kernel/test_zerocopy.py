@@ -333,21 +333,20 @@ def test_opt_out_per_group_copies_both_ways(no_api_group):
         _stop(seen)
 
 
-def test_channels_text_and_flags_in_a_kernel(kernel):
-    kernel.execute("%load_ext rpcnb")
-    kernel.execute("%rpc_init --workers 1")
-    kernel.execute("import torch\nt = torch.ones(2**20)\nt.share_memory_()")
-    kernel.execute("%%remote worker1 --push t\nt.add_(1)")
-    assert kernel.value("t[0].item()") == 2.0  # shared: the worker's write is here
-    kernel.execute("%%remote worker1 --push t --copy\nt.add_(1)")
-    assert kernel.value("t[0].item()") == 2.0  # --copy: the worker wrote to its copy
-    out = kernel.execute("%rpc_channels --text")
+def test_channels_text_and_flags_in_a_kernel(rpcnb_kernel):
+    rpcnb_kernel.execute("%rpc_init --workers 1")
+    rpcnb_kernel.execute("import torch\nt = torch.ones(2**20)\nt.share_memory_()")
+    rpcnb_kernel.execute("%%remote worker1 --push t\nt.add_(1)")
+    assert rpcnb_kernel.value("t[0].item()") == 2.0  # shared: the worker's write is here
+    rpcnb_kernel.execute("%%remote worker1 --push t --copy\nt.add_(1)")
+    assert rpcnb_kernel.value("t[0].item()") == 2.0  # --copy: the worker wrote to its copy
+    out = rpcnb_kernel.execute("%rpc_channels --text")
     assert "zero_copy" in out.stdout and "rpcnb_shm" in out.stdout
-    kernel.execute("%rpc_shutdown")
-    kernel.execute("%rpc_init --workers 1 --no-zero-copy")
-    kernel.execute("%%remote worker1 --push t\nt.add_(1)")
-    assert kernel.value("t[0].item()") == 2.0
-    kernel.execute("%rpc_shutdown")
+    rpcnb_kernel.execute("%rpc_shutdown")
+    rpcnb_kernel.execute("%rpc_init --workers 1 --no-zero-copy")
+    rpcnb_kernel.execute("%%remote worker1 --push t\nt.add_(1)")
+    assert rpcnb_kernel.value("t[0].item()") == 2.0
+    rpcnb_kernel.execute("%rpc_shutdown")
 
 
 def test_nothing_left_in_dev_shm_after_shutdown(no_api_group):
