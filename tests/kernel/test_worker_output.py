@@ -127,9 +127,8 @@ def test_local_with_bg_is_refused(group):
     assert "--local runs the cell in the notebook too" in out.stderr
 
 
-def test_a_joined_kernels_bar_is_a_line_of_its_own(kernel_factory):
-    lead, bob = kernel_factory(), kernel_factory()
-    lead.execute("%load_ext rpcnb")
+def test_a_joined_kernels_bar_is_a_line_of_its_own(rpcnb_kernel, kernel_factory):
+    lead, bob = rpcnb_kernel, kernel_factory()
     started = lead.execute("%rpc_init --workers 1")
     join = next(ln.strip() for ln in started.stdout.splitlines()
                 if ln.strip().startswith("%rpc_init --join")).replace("NAME", "bob")
