@@ -372,6 +372,19 @@ class Scale(nn.Module):
 def use(worker):
     rm = rpc.remote(worker, Scale, args=(3.0,))
     return rm.owner_name(), rm.rpc_sync().forward(torch.ones(2)).tolist()
+
+class Box:
+    def __init__(self, n):
+        self.n = n
+
+def read(box):
+    return box.local_value().n
+
+def hand_back(box):  # on a worker: the kernel's RRef goes back to the kernel
+    return rpc.rpc_sync("worker0", read, args=(box,))
+
+def handed(worker):
+    return rpc.rpc_sync(worker, hand_back, args=(rpc.RRef(Box(7)),))
 """
 
 
@@ -379,14 +392,15 @@ def test_torch_rrefs_and_their_proxies_work_in_the_kernels_next_group(rpcnb_kern
     # torch builds its RRef bookkeeping on a process's first agent and keeps it: in a
     # kernel's second group, owner() asked that shut-down agent ("could not find
     # destination id 1"), and so did RRef proxies (the CUDA recipe's rm.rpc_sync().forward)
-    rpcnb_kernel.execute("%rpc_init --workers 1")
-    rpcnb_kernel.execute(RREF_CELL)
-    assert rpcnb_kernel.execute("use('worker1')").text == "('worker1', [3.0, 3.0])"
-    rpcnb_kernel.execute("%rpc_shutdown")
-    rpcnb_kernel.execute("%rpc_init --workers 2")  # worker2: an id the first agent never knew
-    for worker in ("worker1", "worker2"):
-        assert rpcnb_kernel.execute(f"use({worker!r})").text == f"({worker!r}, [3.0, 3.0])"
-    rpcnb_kernel.execute("%rpc_shutdown")
+    # and an RRef a worker hands back to the kernel (torch's RL and parameter-server
+    # programs); in every group of the kernel (this one may have run others before)
+    for workers in (1, 2, 1):  # worker2: an id the group before never had
+        rpcnb_kernel.execute(f"%rpc_init --workers {workers}")
+        rpcnb_kernel.execute(RREF_CELL)
+        for worker in [f"worker{i}" for i in range(1, workers + 1)]:
+            assert rpcnb_kernel.execute(f"use({worker!r})").text == f"({worker!r}, [3.0, 3.0])"
+            assert rpcnb_kernel.execute(f"handed({worker!r})").text == "7"
+        rpcnb_kernel.execute("%rpc_shutdown")
 
 
 def test_second_kernel_joins_and_runs_cells_in_its_own_namespace(own_group, kernel_factory):
