@@ -285,11 +285,13 @@ __import__('rpcnb.telemetry').telemetry.clear()
 print(True)
 """
 # What the kernel runs to leave the group it is in, if any (%rpc_shutdown), and forget what
-# it timed; it binds no name and prints True when that worked.
+# it timed and the device map %rpc_devmap's "apply" kept for the next %rpc_init; it binds
+# no name and prints True when that worked.
 LEAVE = """\
 if __import__('rpcnb.session.state').session.state.active() is not None:
     __import__('rpcnb').shutdown()
 __import__('rpcnb.telemetry').telemetry.clear()
+__import__('rpcnb.wire.options').wire.options.keep_device_map(None)
 print(True)
 """
 # The kernel's environment and working directory, as the test got the kernel (a test may
