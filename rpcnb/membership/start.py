@@ -30,7 +30,7 @@ from rpcnb.procs import launch
 from rpcnb.session import fence, protocol, rendezvous, roster, state
 from rpcnb.session.state import Member, Session
 from rpcnb.session.teardown import Teardown
-from rpcnb.wire import _torch, options
+from rpcnb.wire import _rref_context, _torch, options
 
 START_TIMEOUT = 120.0
 
@@ -60,6 +60,15 @@ def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *
     return s
 
 
+def _stop_agent(s: Session) -> bool:
+    """torch's agent leaves (as the session's leaving says); once it has, torch's RRef
+    context is as torch left it (``_rref_context.note_agent_stopped``). Whether it left."""
+    left = leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1])
+    if left:
+        _rref_context.note_agent_stopped()
+    return left
+
+
 def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] | None) -> None:
     name, rank, opts = s.name, s.rank, s.options
     state.begin(s)
@@ -83,10 +92,9 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
         rpc.init_rpc(name, rank=rank, rpc_backend_options=backend)
     else:
         _torch.init_rpc_with_store(name, rank, store, backend)
-    _torch.note_agent_started()
+    _rref_context.note_agent_started()
     roster.follow_names()  # torch's all-gather and barriers follow the group's members
-    s.teardown.push("torch's RPC agent",
-                    lambda: leave.local_shutdown(graceful=s.leaving[0], timeout=s.leaving[1]))
+    s.teardown.push("torch's RPC agent", lambda: _stop_agent(s))
     if fenced:  # before anything else: strangers' bytes can end TensorPipe (fence's why)
         _fence(s, before)
     if backend.device_maps:  # before anyone replies with a CUDA tensor (_torch's why)

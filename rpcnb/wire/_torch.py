@@ -12,7 +12,6 @@ Importing this module imports torch.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import threading
 import time
@@ -143,130 +142,6 @@ def note_interface(used: str) -> None:
 def first_interface() -> str | None:
     """The TP_SOCKET_IFNAME this process's first agent listened on (None before one)."""
     return _first_interface
-
-
-# -- RRefs in a process's second group (torch 2.11, 2.13) ---------------------------------
-
-# torch's RRefContext is a process-wide singleton built on the process's *first* agent
-# (rref_context.cpp: ``static RRefContext* context = new RRefContext(getCurrentRpcAgent())``)
-# and never rebuilt. After rpc.shutdown() and a new group in the same process (a kernel's
-# %rpc_shutdown then %rpc_init, or a --join after a leave), everything it does goes through
-# that shut-down agent: RRef.owner() fails ("could not find destination id 1"), and so do
-# torch's RRef proxies (``rref.rpc_sync().forward(x)``, the CUDA RPC recipe), an RRef a
-# worker hands back to this process (``rpc_sync("worker0", f, args=(rref,))``: the RRef
-# programs of torch's tutorials), and the deletes of RRefs this process drops are lost.
-#
-# So each new agent of rpcnb's becomes the context's agent: the context's first member is
-# ``const std::shared_ptr<RpcAgent> agent_`` (rref_context.h; the class has no virtual
-# methods), which rpcnb overwrites with a reference to the agent running now, taken with
-# torch's own ``RpcAgent::getCurrentRpcAgent()``. Only where that is known to be sound:
-# x86-64 Linux (the function returns its shared_ptr through a pointer passed as the first
-# argument), libtorch_cpu exporting both functions, and the two words found there being
-# the very reference that was checked or put there before (the first time: the running
-# agent's own, in a context built on it). Anywhere else the context stays as torch left it
-# and owner()/owner_name() are answered from the running agent instead (the proxies work,
-# an RRef handed back does not). The agent an overwrite replaces is not freed (about
-# 0.6 MB per later group, kept until the kernel restarts).
-_CONTEXT = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"
-_CURRENT_AGENT = "_ZN5torch11distributed3rpc8RpcAgent18getCurrentRpcAgentEv"
-
-
-@dataclasses.dataclass
-class RRefContextAgent:
-    """Which agent torch's RRef context of this process works through, as rpcnb left it."""
-
-    started: int = 0  # agents this process started (rpcnb's groups)
-    words: tuple[int, int] | None = None  # the context's agent_ (pointer, control block)
-    follows: bool = False  # the context works through the agent running now
-
-    def agent_started(self) -> None:
-        """An agent of rpcnb's is running: make it the context's."""
-        self.started += 1
-        try:
-            self.follows = self._rebind()
-        except Exception:  # an unexpected library: torch's context as it was
-            self.follows = False
-        if not self.follows and self.started >= 2:
-            _answer_rref_owners_from_the_current_agent()
-
-    def _rebind(self) -> bool:
-        import ctypes
-        import os
-        import platform
-        import sys
-
-        if sys.platform != "linux" or platform.machine() != "x86_64":
-            return False
-        if not api._is_current_rpc_agent_set():
-            return False
-        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        try:
-            context, current = getattr(lib, _CONTEXT), getattr(lib, _CURRENT_AGENT)
-        except AttributeError:
-            return False
-        context.restype, context.argtypes = ctypes.c_void_p, []
-        current.restype, current.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-        running = (ctypes.c_void_p * 2)()
-        current(ctypes.addressof(running))  # a new reference to the running agent
-        now = (int(running[0] or 0), int(running[1] or 0))
-        slot = (ctypes.c_void_p * 2).from_address(context())  # built here if it was not
-        there = (int(slot[0] or 0), int(slot[1] or 0))
-        if there == now:  # a context built on this agent: what the slot holds is known
-            self.words = now
-            return True
-        if self.words is None or there != self.words:
-            return False  # not what rpcnb checked or put there: leave it
-        slot[0], slot[1] = running[0], running[1]  # the new reference moves into the context
-        self.words = now
-        return True
-
-
-RREF_CONTEXT = RRefContextAgent()
-
-
-def note_agent_started() -> None:
-    """An agent of rpcnb's started in this process (right after init_rpc, before any
-    member can send it an RRef): torch's RRef context is moved onto it."""
-    RREF_CONTEXT.agent_started()
-
-
-def agents_started() -> int:
-    """How many agents this process has started (rpcnb's groups, torch's first included)."""
-    return RREF_CONTEXT.started
-
-
-def _answer_rref_owners_from_the_current_agent() -> None:
-    import re
-
-    from torch._C._distributed_rpc import PyRRef
-
-    if getattr(PyRRef.owner, "rpcnb_current_agent", False):
-        return
-    first_agents_owner = PyRRef.owner
-    pattern = re.compile(r"could not find destination id (\d+)")
-
-    def owner(self: Any) -> Any:
-        try:
-            owner_id = first_agents_owner(self).id
-        except RuntimeError as exc:
-            found = pattern.search(str(exc))
-            if found is None:
-                raise
-            owner_id = int(found.group(1))
-        for info in agent().get_worker_infos():
-            if info.id == owner_id:
-                return info
-        raise RuntimeError(
-            f"this RRef's owner (member id {owner_id}) is not in the group running now: "
-            "an RRef lives as long as the group that made it; make it again in this group")
-
-    def owner_name(self: Any) -> str:
-        return str(owner(self).name)
-
-    owner.rpcnb_current_agent = True  # type: ignore[attr-defined]
-    owner.__doc__, owner_name.__doc__ = PyRRef.owner.__doc__, PyRRef.owner_name.__doc__
-    PyRRef.owner = owner  # type: ignore[method-assign]
-    PyRRef.owner_name = owner_name  # type: ignore[method-assign]
 
 
 def drop_locally(info: Any) -> None:
