@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from conftest import children_of, kill_all, pid_alive
 from jupyter_client import BlockingKernelClient
@@ -17,20 +18,42 @@ from jupyter_client.connect import write_connection_file
 KERNELSPEC = Path(__file__).resolve().parents[2] / "kernelspec" / "kernel.json"
 
 
+def start(tmp_path: Path, tries: int = 3) -> tuple[subprocess.Popen, BlockingKernelClient, Any]:
+    """The kernelspec's argv run as VS Code runs it, with a TCP connection file: its
+    process, a client that got its kernel_info reply, and its stderr (a file). The
+    connection file's ports are picked free, then the kernel binds them: a test running
+    in parallel may take one in between (the kernel exits, "Address already in use"),
+    and then it starts again on new ports."""
+    argv0 = json.loads(KERNELSPEC.read_text())["argv"]
+    for attempt in range(tries):
+        conn, _ = write_connection_file(str(tmp_path / f"kernel-{attempt}.json"), transport="tcp",
+                                        ip="127.0.0.1")
+        argv = [sys.executable if a == "python" else a.replace("{connection_file}", conn)
+                for a in argv0]
+        err = open(tmp_path / f"stderr-{attempt}", "w+")
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        kc = BlockingKernelClient(connection_file=conn)
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=60)  # reachable: it was not moved out of reach
+            return proc, kc, err
+        except RuntimeError:
+            kc.stop_channels()
+            kill_all(sorted(p for p in {proc.pid, *children_of(proc.pid)} if pid_alive(p)))
+            proc.wait(10)
+            err.seek(0)
+            said = err.read()
+            if "Address already in use" not in said or attempt == tries - 1:
+                raise AssertionError(f"the kernel did not start:\n{said[-3000:]}") from None
+    raise AssertionError("unreachable")
+
+
 def test_the_isolated_kernel_says_so_when_a_front_end_skips_its_provisioner(tmp_path):
-    conn, _ = write_connection_file(str(tmp_path / "kernel.json"), transport="tcp",
-                                    ip="127.0.0.1")
-    argv = [a.replace("{connection_file}", conn) for a in json.loads(KERNELSPEC.read_text())["argv"]]
-    argv = [sys.executable if a == "python" else a for a in argv]
-    err = open(tmp_path / "stderr", "w+")
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+    proc, kc, err = start(tmp_path)
     started = {proc.pid}
-    kc = BlockingKernelClient(connection_file=conn)
-    kc.load_connection_file()
-    kc.start_channels()
     shown: list[dict] = []
     try:
-        kc.wait_for_ready(timeout=60)  # reachable: it was not moved out of reach
         reply = kc.execute_interactive("%load_ext rpcnb\n%rpc_init --workers 1\n%rpc_shutdown",
                                        timeout=120, output_hook=lambda m: shown.append(m))
         assert reply["content"]["status"] == "ok"
