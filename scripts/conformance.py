@@ -607,11 +607,10 @@ def run_group(todo: list[Case], out: Path, log: Any = print) -> None:
 
 
 def run_in_rpcnb(todo: list[Case], log: Any = print) -> dict[str, dict[str, Any]]:
-    """Every case of ``todo`` in rpcnb groups, each led by a fresh interpreter (a process's
-    first group: torch's RRef context stays with a process's first agent, so RRefs through
-    worker0 work in its first group only, docs/rrefs.md): the cases that share a group in
-    one, each test of a fresh group in one of its own, and after a test that did not pass
-    the rest in a new one."""
+    """Every case of ``todo`` in rpcnb groups, each led by a fresh interpreter (torch's
+    tests expect the state a fresh process has: RRef ids, the profiler's, the modules'
+    globals): the cases that share a group in one, each test of a fresh group in one of its
+    own, and after a test that did not pass the rest in a new one."""
     remaining = sorted(todo, key=lambda c: (c.fresh, c.id))
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rpcnb-conformance-") as tmp:

@@ -47,7 +47,7 @@ SLOWEST = 25
 # A phase that runs longer than this is stopped and fails: pytest-xdist's --dist loadgroup
 # can wait forever once a worker process has died (its finished work goes back on the
 # queue as empty units: pytest-dev/pytest-xdist#1378, open in 3.8.0); a quiet run of the
-# whole suite takes about 18 minutes here, CI allows 90
+# whole suite takes about 13 minutes here, CI allows 90
 PHASE_LIMIT_S = 45 * 60
 
 

@@ -5,9 +5,9 @@ on four ranks, a kernel as worker0 and its three workers, each body on every ran
 torch's own way). The sample is ``conformance.SAMPLE_RULE``'s pick; a test of torch's
 profiler runs in a group of its own, started for it.
 
-worker0 is the module's kernel (``group``), not this process: RRefs passed through
-worker0 work in a process's first group only (torch's RRef context stays with a process's
-first agent, docs/rrefs.md), and this process may have led groups before."""
+worker0 is the module's kernel (``group``, the test process's shared kernel), as in a
+notebook: it may have led other groups before this one (torch's RRef context follows each
+group's agent there, docs/existing-code.md, "A kernel's next group")."""
 
 from __future__ import annotations
 
