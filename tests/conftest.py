@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -27,6 +28,60 @@ from bench.netsetup import veth_pair  # noqa: E402
 
 # The same helpers rpcnb's tools use to find and stop what a kernel started.
 children_of = descendants
+
+
+def start_time(pid: int) -> float | None:
+    """When process ``pid`` started (psutil's create_time), or None when there is none."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+class Seen:
+    """Processes seen, each by its pid and when it started: a later process that got the
+    same pid is not taken for it. Linux gives pids out again (32,768 of them here, which
+    every thread takes one of too): in a suite that starts thousands of processes, a pid
+    noted early in a long-lived kernel's life may be another test's worker by the time
+    that kernel is stopped."""
+
+    def __init__(self, pids: Iterable[int] = ()) -> None:
+        self.started: dict[int, float] = {}
+        self.update(pids)
+
+    def add(self, pid: int) -> None:
+        """Note ``pid`` as the process that has it now (nothing when none has)."""
+        when = start_time(pid)
+        if when is not None:
+            self.started[pid] = when
+
+    def update(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self.add(pid)
+
+    def merge(self, other: Seen) -> None:
+        self.started.update(other.started)
+
+    def since(self, before: Seen) -> Seen:
+        """The processes seen here and not in ``before``."""
+        new = Seen()
+        new.started = {p: t for p, t in self.started.items() if before.started.get(p) != t}
+        return new
+
+    def alive(self) -> list[int]:
+        """The pids whose process is still the one seen."""
+        return sorted(p for p, t in self.started.items() if start_time(p) == t)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.started))
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self.started
+
+    def __len__(self) -> int:
+        return len(self.started)
 
 
 @dataclass
@@ -91,7 +146,7 @@ class Kernel:
                 with contextlib.suppress(Exception):
                     self.km.shutdown_kernel(now=True)
         self.pid = self.km.provisioner.pid  # type: ignore[union-attr]
-        self.known: set[int] = {self.pid}
+        self.known = Seen([self.pid])
         self.scanned = 0.0  # when its processes were last searched for (time.monotonic)
         self.stray: list[dict[str, Any]] = []  # iopub messages of earlier cells, kept
         self.init_output: Output | None = None  # a shared group's %rpc_init cell
@@ -200,7 +255,7 @@ class Kernel:
             self.km.shutdown_kernel(now=True)
         except Exception:
             pass
-        kill_all(sorted(self.known))
+        kill_all(self.known.alive())
 
 
 def wait_until(cond: Any, timeout: float = 5.0, poll: float = 0.05) -> bool:
@@ -244,7 +299,10 @@ def kernel_factory():
     yield make
     for k in started:
         k.close()
-    alive = stopped({p for k in started for p in k.known})
+    seen = Seen()
+    for k in started:
+        seen.merge(k.known)
+    alive = stopped(seen)
     assert not alive, f"processes left running: {alive}"
 
 
@@ -253,13 +311,17 @@ def kernel(kernel_factory) -> Kernel:
     return kernel_factory()
 
 
-def stopped(pids: set[int], timeout: float = 5.0) -> list[int]:
+def stopped(pids: Iterable[int] | Seen, timeout: float = 5.0) -> list[int]:
     """The pids of ``pids`` still alive ``timeout`` seconds after they were killed (SIGKILL
-    is delivered asynchronously): what a fixture's teardown asserts empty."""
+    is delivered asynchronously): what a fixture's teardown asserts empty. Of a ``Seen``,
+    only the processes seen count, not later ones with the same pid."""
+    def alive() -> list[int]:
+        return pids.alive() if isinstance(pids, Seen) else sorted(p for p in pids if pid_alive(p))
+
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and alive():
         time.sleep(0.05)
-    return sorted(p for p in pids if pid_alive(p))
+    return alive()
 
 
 # What a shared group's kernel runs between two tests: background cells ended, every
@@ -325,8 +387,8 @@ class Lent:
 
     env: dict[str, str]
     cwd: str
-    running: set[int]
-    known: set[int]
+    running: Seen
+    known: Seen
 
 
 class SharedGroup:
@@ -354,7 +416,7 @@ class SharedGroup:
         self.kernel: Kernel | None = None
         self.running: str | None = None  # the %rpc_init line of the group it runs now
         self.pids: dict[str, int] = {}
-        self.known: set[int] = set()
+        self.known = Seen()
         self.starts = 0  # kernels started
         self.lent: Lent | None = None
 
@@ -369,7 +431,7 @@ class SharedGroup:
         """The kernel in no group: the one it runs shut down, its workers ended."""
         k = self.kernel
         assert k is not None
-        workers = set(self.pids.values()) - {k.pid}
+        workers = Seen(p for p in self.pids.values() if p != k.pid)
         self.running, self.pids = None, {}
         try:
             done = k.execute(LEAVE, timeout=30, allow_error=True)
@@ -443,7 +505,7 @@ class SharedGroup:
         k = self.kernel or self._start()
         env, cwd = k.value(WHERE)
         k.scan()
-        self.lent = Lent(env, cwd, set(children_of(k.pid)), set(k.known))
+        self.lent = Lent(env, cwd, Seen(children_of(k.pid)), k.known.since(Seen()))
         k.stray.clear()
         k.init_output = None
         return k
@@ -468,8 +530,9 @@ class SharedGroup:
         k.scan()
         # what the test's groups started (seen since the lend: not a pid of before, which
         # another process may have by now)
-        started = {p for p in k.known - lent.known - lent.running - {k.pid}
-                   if not is_launcher(p, k.pid)}
+        started = k.known.since(lent.known).since(lent.running)
+        started.started = {p: t for p, t in started.started.items()
+                           if p != k.pid and not is_launcher(p, k.pid)}
         left = stopped(started, GRACE)
         if left:
             kill_all(left)
@@ -484,7 +547,7 @@ class SharedGroup:
         if k is None:
             return
         k.close()
-        self.known |= k.known
+        self.known.merge(k.known)
 
     def close(self) -> list[int]:
         """Stop it; the pids of its processes (of every group it made) still alive."""

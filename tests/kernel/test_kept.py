@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Kernel, children_of, stopped, wait_until
+from conftest import Kernel, Seen, children_of, stopped, wait_until
 from test_panel import open_comm, send, snapshot_where, wait_for
 
 from rpcnb import errors
@@ -36,7 +36,7 @@ class Kept:
         self.run = run
         self.env = {"RPCNB_RUNTIME_DIR": str(run)}
         self.kernels: list[Kernel] = []
-        self.pids: set[int] = set()
+        self.pids = Seen()  # every process of the test's, by pid and start time
 
     def kernel(self) -> Kernel:
         k = Kernel(env=self.env)
@@ -68,9 +68,9 @@ class Kept:
     def close(self) -> list[int]:
         self.note()
         for k in self.kernels:
-            self.pids.update(k.known)
+            self.pids.merge(k.known)
             k.close()
-        kill_all(sorted(self.pids))
+        kill_all(self.pids.alive())
         return stopped(self.pids)
 
 
