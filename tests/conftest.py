@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -63,6 +63,12 @@ class Seen:
 
     def merge(self, other: Seen) -> None:
         self.started.update(other.started)
+
+    def only(self, keep: Callable[[int], bool]) -> Seen:
+        """The processes seen here whose pid ``keep`` takes."""
+        new = Seen()
+        new.started = {p: t for p, t in self.started.items() if keep(p)}
+        return new
 
     def since(self, before: Seen) -> Seen:
         """The processes seen here and not in ``before``."""
@@ -505,7 +511,7 @@ class SharedGroup:
         k = self.kernel or self._start()
         env, cwd = k.value(WHERE)
         k.scan()
-        self.lent = Lent(env, cwd, Seen(children_of(k.pid)), k.known.since(Seen()))
+        self.lent = Lent(env, cwd, Seen(children_of(k.pid)), k.known.only(lambda p: True))
         k.stray.clear()
         k.init_output = None
         return k
@@ -530,9 +536,8 @@ class SharedGroup:
         k.scan()
         # what the test's groups started (seen since the lend: not a pid of before, which
         # another process may have by now)
-        started = k.known.since(lent.known).since(lent.running)
-        started.started = {p: t for p, t in started.started.items()
-                           if p != k.pid and not is_launcher(p, k.pid)}
+        started = k.known.since(lent.known).since(lent.running).only(
+            lambda p: p != k.pid and not is_launcher(p, k.pid))
         left = stopped(started, GRACE)
         if left:
             kill_all(left)

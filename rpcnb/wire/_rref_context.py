@@ -8,6 +8,7 @@ Importing this module imports torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -52,16 +53,15 @@ class RRefContextAgent:
     first: Words | None = None  # the reference to the first agent the context was built on
     lent: Words | None = None  # the running agent's reference the context holds for now
     kept: Any = None  # the first agent's reference, moved out of the context while lent
-    follows: bool = False  # the context works through the agent running now
 
     def agent_started(self) -> None:
         """An agent of rpcnb's is running: make it the context's."""
         self.started += 1
         try:
-            self.follows = self._lend()
+            follows = self._lend()
         except Exception:  # an unexpected library: torch's context as it was
-            self.follows = False
-        if not self.follows and self.started >= 2:
+            follows = False
+        if not follows and self.started >= 2:
             _answer_rref_owners_from_the_current_agent()
 
     def agent_stopped(self) -> None:
@@ -74,6 +74,7 @@ class RRefContextAgent:
             pass
 
     @staticmethod
+    @functools.cache
     def _library() -> Any:
         import ctypes
         import os
@@ -155,11 +156,6 @@ def note_agent_started() -> None:
 def note_agent_stopped() -> None:
     """The agent of rpcnb's group has shut down: torch's RRef context is as torch left it."""
     RREF_CONTEXT.agent_stopped()
-
-
-def agents_started() -> int:
-    """How many agents this process has started (rpcnb's groups, torch's first included)."""
-    return RREF_CONTEXT.started
 
 
 def _answer_rref_owners_from_the_current_agent() -> None:
