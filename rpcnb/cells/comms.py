@@ -165,7 +165,6 @@ class _Relayed:
         self.lock = threading.Lock()
         self.comms: dict[str, tuple[str, Any]] = {}  # comm id -> (worker, kernel comm)
         self.warned: set[str] = set()
-        self.hooked: set[int] = set()  # sessions whose teardown closes them
 
     def close_of(self, worker: str | None = None) -> int:
         """Close (in the front end) the widgets of ``worker``, or of every worker."""
@@ -216,12 +215,19 @@ def relay(worker: str, payload: dict[str, Any]) -> None:
         kc.close(data=payload.get("data"), metadata=payload.get("metadata"))
 
 
+CLOSE_STEP = "workers' widgets"
+
+
 def _close_with_group() -> None:
+    """The group's teardown closes the widgets its workers made. Asked of the group's own
+    stack, once per group: a kernel's later group may get an earlier one's ``id``, and
+    reuses its members' names, so the warnings about gone workers start over too."""
     s = state.active()
-    if s is None or id(s) in relayed.hooked:
+    if s is None or CLOSE_STEP in s.teardown.names():
         return
-    relayed.hooked.add(id(s))
-    s.teardown.push("workers' widgets", relayed.close_of)
+    with relayed.lock:
+        relayed.warned.clear()
+    s.teardown.push(CLOSE_STEP, relayed.close_of)
 
 
 def _closed_by_front_end(worker: str, cid: str, msg: dict[str, Any]) -> None:
