@@ -61,7 +61,7 @@ for w in workers:
 """
 
 
-def warm_reinit(workers: int, reps: int) -> dict[str, list[float]]:
+def warm_reinit(workers: int, reps: int, extra: str = "") -> dict[str, list[float]]:
     """In a kernel where a group ran and left: ``%rpc_init --workers N`` and the first
     ``%%remote`` value, ``reps`` times (each followed by ``%rpc_shutdown``, not timed)."""
     from IPython import get_ipython
@@ -71,7 +71,7 @@ def warm_reinit(workers: int, reps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"init_s": [], "total_s": []}
     for _ in range(reps):
         t0 = perf()
-        ip.run_line_magic("rpc_init", f"--workers {workers}")
+        ip.run_line_magic("rpc_init", f"--workers {workers} {extra}".strip())
         t1 = perf()
         value = ip.run_cell_magic("remote", "worker1 --fetch", "1")
         t2 = perf()
@@ -108,28 +108,29 @@ def time_script() -> float:
     raise RuntimeError(f"no timing from the script (exit {code}):\n{err[-2000:]}")
 
 
-def time_kernel(which: str) -> dict[str, float]:
-    """A fresh kernel: rpcnb's cold start or ipyparallel's, to the first result."""
+def time_kernel(which: str, rpc_args: str = "") -> dict[str, float]:
+    """A fresh kernel: rpcnb's cold start or ipyparallel's, to the first result (with its
+    parts: import/load, start, first result; bench.run's section 4 shows them)."""
     run = _helpers()
     k = run.new_kernel()
     stop = ["B.stop_rpcnb()" if which == "rpcnb" else "B.stop_ipp()"]
     try:
-        start = "B.start_rpcnb(2)" if which == "rpcnb" else "B.start_ipp(2)"
+        start = f"B.start_rpcnb(2, {rpc_args!r})" if which == "rpcnb" else "B.start_ipp(2)"
         result: dict[str, float] = run.cell(k, f"B.emit({start})", timeout=300)
         return result
     finally:
         run.close_kernel(k, stop)
 
 
-def time_warm(reps: int) -> dict[str, list[float]]:
+def time_warm(reps: int, rpc_args: str = "") -> dict[str, list[float]]:
     run = _helpers()
     k = run.new_kernel()
     try:
         run.cell(k, "import bench.startup as S")
-        run.cell(k, "B.emit(B.start_rpcnb(2))", timeout=300)  # the cold group, not counted
+        run.cell(k, f"B.emit(B.start_rpcnb(2, {rpc_args!r}))", timeout=300)  # cold: not counted
         run.cell(k, "%rpc_shutdown")
-        result: dict[str, list[float]] = run.cell(k, f"B.emit(S.warm_reinit(2, {reps}))",
-                                                  timeout=300)
+        result: dict[str, list[float]] = run.cell(
+            k, f"B.emit(S.warm_reinit(2, {reps}, {rpc_args!r}))", timeout=300)
         return result
     finally:
         run.close_kernel(k, ["B.stop_rpcnb()"])
@@ -138,7 +139,7 @@ def time_warm(reps: int) -> dict[str, list[float]]:
 SECTION = "startup_cold_warm"  # a bench module of bench.run's (see bench.curves)
 
 
-def measure_runs(repeats: int, warm: int, log: Any = None) -> dict[str, Any]:
+def measure_runs(repeats: int, warm: int, log: Any = None, rpc_args: str = "") -> dict[str, Any]:
     """Every sample of the four ways, cold ones in turns."""
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     samples: dict[str, list[float]] = {"rpcnb cold": [], "script": [], "ipyparallel": []}
@@ -150,11 +151,11 @@ def measure_runs(repeats: int, warm: int, log: Any = None) -> dict[str, Any]:
             if name == "script":
                 samples[name].append(time_script())
             else:
-                got = time_kernel("rpcnb" if name == "rpcnb cold" else "ipp")
+                got = time_kernel("rpcnb" if name == "rpcnb cold" else "ipp", rpc_args)
                 parts[name].append(got)
                 samples[name].append(got["total_s"])
     say(f"start-up: rpcnb warm re-init x{warm}")
-    w = time_warm(warm)
+    w = time_warm(warm, rpc_args)
     samples["rpcnb warm"] = w["total_s"]
     return {"samples": samples, "parts": parts, "warm_init_s": w["init_s"]}
 
@@ -191,7 +192,7 @@ def measure(ctx: Any) -> dict[str, Any]:
     """``bench.run``'s entry: measure with its repeats; the samples and verdicts."""
     reps = max(1, int(ctx.cfg.get("startup_reps", 3)))
     warm = ctx.cfg.get(SECTION, {}).get("warm", 5 if reps > 1 else 2)  # bench.run's SMOKE
-    measured = measure_runs(reps, warm, log=ctx.log)
+    measured = measure_runs(reps, warm, log=ctx.log, rpc_args=ctx.rpc_args)
     ctx.log("\n" + table(measured))
     return {**measured, "verdicts": verdicts(measured)}
 
