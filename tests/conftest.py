@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from jupyter_client import KernelManager
+from pids import Seen
 
 from rpcnb.procs.processes import descendants, kill_all, pid_alive
 
@@ -28,66 +29,6 @@ from bench.netsetup import veth_pair  # noqa: E402
 
 # The same helpers rpcnb's tools use to find and stop what a kernel started.
 children_of = descendants
-
-
-def start_time(pid: int) -> float | None:
-    """When process ``pid`` started (psutil's create_time), or None when there is none."""
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-class Seen:
-    """Processes seen, each by its pid and when it started: a later process that got the
-    same pid is not taken for it. Linux gives pids out again (32,768 of them here, which
-    every thread takes one of too): in a suite that starts thousands of processes, a pid
-    noted early in a long-lived kernel's life may be another test's worker by the time
-    that kernel is stopped."""
-
-    def __init__(self, pids: Iterable[int] = ()) -> None:
-        self.started: dict[int, float] = {}
-        self.update(pids)
-
-    def add(self, pid: int) -> None:
-        """Note ``pid`` as the process that has it now (nothing when none has)."""
-        when = start_time(pid)
-        if when is not None:
-            self.started[pid] = when
-
-    def update(self, pids: Iterable[int]) -> None:
-        for pid in pids:
-            self.add(pid)
-
-    def merge(self, other: Seen) -> None:
-        self.started.update(other.started)
-
-    def only(self, keep: Callable[[int], bool]) -> Seen:
-        """The processes seen here whose pid ``keep`` takes."""
-        new = Seen()
-        new.started = {p: t for p, t in self.started.items() if keep(p)}
-        return new
-
-    def since(self, before: Seen) -> Seen:
-        """The processes seen here and not in ``before``."""
-        new = Seen()
-        new.started = {p: t for p, t in self.started.items() if before.started.get(p) != t}
-        return new
-
-    def alive(self) -> list[int]:
-        """The pids whose process is still the one seen."""
-        return sorted(p for p, t in self.started.items() if start_time(p) == t)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(sorted(self.started))
-
-    def __contains__(self, pid: object) -> bool:
-        return pid in self.started
-
-    def __len__(self) -> int:
-        return len(self.started)
 
 
 @dataclass
@@ -275,12 +216,12 @@ def wait_until(cond: Any, timeout: float = 5.0, poll: float = 0.05) -> bool:
 
 
 def run_watched(cmd: list[str], timeout: float, poll: float = 0.1,
-                **popen: Any) -> tuple[int | None, Any, Any, set[int]]:
+                **popen: Any) -> tuple[int | None, Any, Any, Seen]:
     """Run ``cmd`` to its end (``timeout`` seconds at most), noting every process it
     starts; all of them are stopped by pid afterwards, also on failure. Returns the exit
     code, stdout, stderr and the pids seen (its own included)."""
     proc = subprocess.Popen(cmd, **popen)
-    seen = {proc.pid}
+    seen = Seen([proc.pid])
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
@@ -289,7 +230,7 @@ def run_watched(cmd: list[str], timeout: float, poll: float = 0.1,
         out, err = proc.communicate(timeout=10)
     finally:
         seen.update(children_of(proc.pid))
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()
     return proc.returncode, out, err, seen
 
 
@@ -571,7 +512,7 @@ class GroupPool:
 
     def __init__(self) -> None:
         self.current = SharedGroup()
-        self.left: list[int] = []  # pids of the groups stopped that outlived the stop
+        self.left = Seen()  # processes of the groups stopped that outlived the stop
 
     def take(self, init: str) -> SharedGroup:
         self.current.hand_on()
@@ -580,8 +521,8 @@ class GroupPool:
 
     def close(self) -> list[int]:
         """Stop the kernel; the pids of every group's processes still alive."""
-        self.left += self.current.close()
-        return sorted(p for p in self.left if pid_alive(p))
+        self.left |= self.current.close()
+        return self.left.alive()
 
 
 @pytest.fixture(scope="session")
@@ -745,7 +686,7 @@ class ApiGroup:
     def __init__(self, workers: int = 1, **init: Any) -> None:
         self.workers = workers
         self.init = init  # more of rpcnb.init's arguments: the module's API_INIT
-        self.seen: set[int] = set()
+        self.seen = Seen()
         self.up = False
 
     def healthy(self) -> bool:
@@ -793,7 +734,7 @@ class ApiGroup:
         if state.is_initialized():
             rpcnb.shutdown()
         self.up = False
-        kill_all(sorted(p for p in self.seen if pid_alive(p)))
+        self.seen.kill()
 
 
 @pytest.fixture(scope="module")
@@ -908,7 +849,7 @@ PAIRS = {f"{a}->{b}" for a in ("worker0", "worker1", "worker2")
 def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
     proc = subprocess.Popen([sys.executable, DRIVER, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    seen: set[int] = set()
+    seen = Seen()
     try:
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -922,7 +863,7 @@ def run_driver(args: list[str], out: Path, timeout: float = 180) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from pids import Seen
 
-from rpcnb.procs.processes import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants
 
 from .server import CHROMIUM, CHROMIUM_ARGS, LabServer, browser_or_skip, gone
 
@@ -58,10 +59,10 @@ def new_page(lab: dict[str, Any]) -> Iterator[Callable[..., Any]]:
     me = os.getpid()
     before = set(descendants(me))
     pw = sync_playwright().start()
-    mine: set[int] = set()
+    mine = Seen()
     try:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        mine = set(descendants(me)) - before - {lab["pid"], *descendants(lab["pid"])}
+        mine = Seen(set(descendants(me)) - before - {lab["pid"], *descendants(lab["pid"])})
 
         def make(width: int, height: int, clipboard: bool = False) -> Any:
             context = browser.new_context(viewport={"width": width, "height": height})
@@ -77,6 +78,6 @@ def new_page(lab: dict[str, Any]) -> Iterator[Callable[..., Any]]:
         try:
             pw.stop()  # closes the browser
         finally:
-            kill_all(sorted(p for p in mine if pid_alive(p)))
+            mine.kill()
     left = gone(mine)
     assert not left, f"browser processes left running: {left}"

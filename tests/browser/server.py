@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pids import Seen
 
-from rpcnb.procs.processes import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants
 from rpcnb.sandbox import netns
 
 CHROMIUM = "/usr/bin/chromium"
@@ -61,13 +62,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gone(pids: set[int], timeout: float = GRACE) -> list[int]:
-    """The pids of ``pids`` still alive after ``timeout`` seconds (SIGKILL is delivered
-    asynchronously)."""
+def gone(seen: Seen, timeout: float = GRACE) -> list[int]:
+    """The pids of the processes ``seen`` still alive after ``timeout`` seconds (SIGKILL is
+    delivered asynchronously)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and seen.alive():
         time.sleep(0.05)
-    return sorted(p for p in pids if pid_alive(p))
+    return seen.alive()
 
 
 class LabServer:
@@ -96,13 +97,13 @@ class LabServer:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.pid = self.proc.pid
-        self.seen = {self.pid}  # every process of the server's seen, stopped by stop()
+        self.seen = Seen([self.pid])  # every process of the server's seen, stopped by stop()
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        self.own = set(descendants(self.pid))  # the server's own helpers, none of a test's
+        self.own = Seen(descendants(self.pid))  # the server's own helpers, none of a test's
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -144,14 +145,14 @@ class LabServer:
                 return f.read().decode(errors="replace")
 
         return {"url": self.url, "token": self.token, "pid": self.pid, "root": self.root / folder,
-                "path": folder, "workspace": folder, "started": set(), "log": log,
+                "path": folder, "workspace": folder, "started": Seen(), "log": log,
                 "rpcnb_runtime": self.rpcnb_runtime}
 
     def end(self, test: dict[str, Any]) -> tuple[list[int], list[str]]:
         """Shut down every session and kernel (the test's: tests take turns in one
         server), then stop by pid every process they started. Returns the pids still alive
         and the sessions or kernels the server still lists (both empty when it worked)."""
-        started: set[int] = test["started"]
+        started: Seen = test["started"]
         started.update(descendants(self.pid))
         left_over: list[str] = []
         try:
@@ -165,9 +166,9 @@ class LabServer:
             left_over = [f"the server did not answer: {exc}"]
         finally:
             started.update(descendants(self.pid))
-            mine = started - self.own - {self.pid}
+            mine = started.since(self.own).only(lambda p: p != self.pid)
             self.seen |= mine
-            kill_all(sorted(p for p in mine if pid_alive(p)))
+            mine.kill()
         return gone(mine), left_over
 
     def _shut(self, kind: str, ident: str) -> None:
@@ -191,7 +192,7 @@ class LabServer:
             self.proc.kill()
             self.proc.wait(5)
         self._log.close()
-        kill_all(sorted(p for p in self.seen if pid_alive(p)))
+        self.seen.kill()
         return gone(self.seen)
 
 

@@ -20,9 +20,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import children_of, wait_until
+from conftest import Seen, children_of, wait_until
 
-from rpcnb.procs.processes import kill_all, pid_alive
+from rpcnb.procs.processes import pid_alive
 
 from .server import DOCS_STATIC, gone, run_cell
 from .test_lab_panel import not_blank, notebook_page, widen
@@ -53,7 +53,7 @@ def records(runtime: Path) -> list[dict]:
 def kept_pids(runtime: Path) -> set[int]:
     """Every process of the kept groups recorded in ``runtime``: the keepers, what they
     started (the workers' launcher) and the workers."""
-    pids: set[int] = set()
+    pids = Seen()
     for rec in records(runtime):
         pids.update(p for p in [rec["pid"], *rec["workers"].values()] if p)
         if rec["pid"]:
@@ -67,7 +67,7 @@ def test_a_kept_group_outlives_a_restart_from_the_menu(lab, new_page, tmp_path):
     shots = tmp_path / "screenshots"
     runtime: Path = lab["rpcnb_runtime"]
     assert not records(runtime), f"kept groups before the test: {records(runtime)}"
-    seen: set[int] = set()
+    seen = Seen()
     try:
         with notebook_page(lab, new_page, "kept.ipynb", CELLS, shots) as page:
             page.locator(".rpcnb-status-item").click()
@@ -125,7 +125,7 @@ def test_a_kept_group_outlives_a_restart_from_the_menu(lab, new_page, tmp_path):
             assert records(runtime) == []
     finally:
         seen |= kept_pids(runtime)
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()
     left = gone(seen)
     assert not left, f"processes of the kept group left running: {left}"
     not_blank(shots / "panel-kept.png")

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import children_of, kill_all, pid_alive
+from conftest import Seen, children_of
 
 from .server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, free_port
 
@@ -42,7 +42,7 @@ def test_make_lab_opens_jupyterlab_on_the_tutorials(tmp_path):
     log = open(tmp_path / "lab.log", "wb")
     server = subprocess.Popen(["make", "-s", "lab", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    started = {server.pid}
+    started = Seen([server.pid])
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300  # make may build .venv first
@@ -90,4 +90,4 @@ def test_make_lab_opens_jupyterlab_on_the_tutorials(tmp_path):
             pass
         log.close()
         time.sleep(0.2)
-        kill_all(sorted(p for p in started if pid_alive(p)))
+        started.kill()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_watched
+from conftest import Seen, run_watched
 
 from rpcnb.wire import options
 
@@ -211,17 +211,16 @@ def test_rpc_groups_shows_a_kept_groups_gpu_memory(tmp_path):
 
     from conftest import Kernel, children_of, wait_until
 
-    from rpcnb.procs.processes import kill_all, pid_alive
 
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
     k = Kernel(env={"RPCNB_RUNTIME_DIR": str(run)})
-    pids: set[int] = set()
+    pids = Seen()
     try:
         k.execute("%load_ext rpcnb")
         k.execute("%rpc_init --workers 1 --gpus auto --keep 10m")
         rec = json.loads(next(run.glob("kept/*/record.json")).read_text())
-        pids |= {rec["pid"], *rec["workers"].values(), *children_of(rec["pid"])}
+        pids |= [rec["pid"], *rec["workers"].values(), *children_of(rec["pid"])]
         k.execute("%%remote worker1\nimport torch\n"
                   "big = torch.ones(256, 1024, 1024, device='cuda')")
         said: list[str] = []
@@ -234,7 +233,7 @@ def test_rpc_groups_shows_a_kept_groups_gpu_memory(tmp_path):
         k.execute("%rpc_shutdown")
     finally:
         k.close()
-        kill_all(sorted(p for p in pids if pid_alive(p)))
+        pids.kill()
 
 
 # -- collectives under NCCL --------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive, wait_until
+from conftest import Seen, children_of, wait_until
 
 import rpcnb
 from rpcnb.observe import values
@@ -81,7 +81,7 @@ def worker_shm_stats():
 @pytest.fixture(scope="module")
 def api_group():
     # where there is a GPU, with device maps, so that the CuPy tests share the group
-    seen: set[int] = set()
+    seen = Seen()
     gpu = {"cuda:0": "cuda:0"}
     rpcnb.init(2, device_map={"worker1": gpu, "worker2": gpu} if torch.cuda.is_available()
                else None)
@@ -93,7 +93,7 @@ def api_group():
         try:
             rpcnb.shutdown()
         finally:
-            kill_all(sorted(p for p in seen if pid_alive(p)))
+            seen.kill()
 
 
 def same(a, b) -> bool:

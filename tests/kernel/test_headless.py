@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import nbformat
-from conftest import children_of, kill_all, pid_alive
+from conftest import Seen, children_of
 from nbclient import NotebookClient
 
 
@@ -24,7 +24,7 @@ def test_a_headless_run_prints_no_comm_warning(tmp_path):
             records.append(record)
 
     client.log.addHandler(Keep(level=logging.DEBUG))
-    started: set[int] = set()
+    started = Seen()
     try:
         with client.setup_kernel():
             pid = client.km.provisioner.pid  # type: ignore[union-attr]
@@ -33,7 +33,7 @@ def test_a_headless_run_prints_no_comm_warning(tmp_path):
                 client.execute_cell(cell, i)
                 started.update(children_of(pid))
     finally:
-        kill_all(sorted(p for p in started if pid_alive(p)))
+        started.kill()
     said = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
     assert not [m for m in said if "comm target" in m], said
     assert nb.cells[2].outputs[0]["data"]["text/plain"] == "42"

@@ -31,7 +31,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from conftest import children_of, kill_all, pid_alive
+from conftest import Seen, children_of, kill_all
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,8 @@ class Run:
     seconds: float = 0.0
     error: str = ""
     kernel_pid: int | None = None
-    seen: set[int] = field(default_factory=set)  # every descendant of the kernel seen
+    kernel: Seen = field(default_factory=Seen)  # the kernel process
+    seen: Seen = field(default_factory=Seen)  # every descendant of the kernel seen
     left_after_last_cell: list[int] = field(default_factory=list)
     left_after_kernel: list[int] = field(default_factory=list)
 
@@ -101,20 +102,15 @@ class Run:
         return float(found[-1])
 
 
-def _alive(pids: set[int]) -> list[int]:
-    return sorted(p for p in pids if pid_alive(p))
-
-
-def _wait_gone(pids: set[int], grace: float) -> list[int]:
+def _wait_gone(procs: Seen, grace: float) -> list[int]:
     deadline = time.monotonic() + grace
-    left = _alive(pids)
+    left = procs.alive()
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = _alive(pids)
+        left = procs.alive()
     return left
 
 
-@functools.cache
 def _warm_launcher(pid: int) -> bool:
     """Whether ``pid`` is a kernel's warm launcher (rpcnb.procs.forkserver), not a worker it forked
     (those share its command line and take the name ``rpcnb workerN``)."""
@@ -157,6 +153,7 @@ def run_notebook(path: Path, kernel: str = "python3") -> Run:
 
     def on_start(**_: Any) -> None:
         run.kernel_pid = client.km.provisioner.pid  # type: ignore[union-attr]
+        run.kernel.add(run.kernel_pid)
 
     last_code = max(i for i, c in enumerate(run.nb.cells) if c.cell_type == "code")
 
@@ -167,7 +164,7 @@ def run_notebook(path: Path, kernel: str = "python3") -> Run:
         if cell_index == last_code:  # %rpc_shutdown: the kernel lives, its workers must not
             # (its warm launcher stays for the next group, by design; it ends with the
             # kernel, which left_after_kernel checks)
-            workers = {p for p in run.seen if not _warm_launcher(p)}
+            workers = run.seen.only(lambda p: not _warm_launcher(p))
             run.left_after_last_cell = _wait_gone(workers, GRACE)
 
     client.on_notebook_start = on_start
@@ -183,9 +180,10 @@ def run_notebook(path: Path, kernel: str = "python3") -> Run:
         run.seconds = time.monotonic() - started
         stop.set()
         watcher.join()
-        everything = set(run.seen)
-        if run.kernel_pid is not None:
-            everything |= {run.kernel_pid, *children_of(run.kernel_pid)}
+        everything = run.seen.only(lambda p: True)
+        everything |= run.kernel
+        if run.kernel_pid is not None and run.kernel.alive():
+            everything |= children_of(run.kernel_pid)
         run.left_after_kernel = _wait_gone(everything, GRACE)
         kill_all(run.left_after_kernel)
     print(f"{path.name}: {run.seconds:.1f} s, {len(run.seen)} child processes")

@@ -15,7 +15,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive, run_watched, wait_until, worker_pids
+from conftest import Seen, children_of, pid_alive, run_watched, wait_until, worker_pids
 
 import rpcnb
 from rpcnb.paths import shm
@@ -245,7 +245,7 @@ def test_cuda_tensors_keep_tensorpipe():
 
 
 def test_no_buffers_left_after_shutdown_and_worker_kill(no_api_group):
-    seen: set[int] = set()
+    seen = Seen()
     rpcnb.init(2)
     try:
         from rpcnb.session import state
@@ -267,7 +267,7 @@ def test_no_buffers_left_after_shutdown_and_worker_kill(no_api_group):
         seen.update(children_of(os.getpid()))
         if state.is_initialized():
             rpcnb.shutdown()
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()
 
 
 def test_no_buffers_left_after_the_kernel_dies(own_kernel_group):
@@ -329,7 +329,7 @@ def test_idle_buffers_are_given_back(no_api_group, monkeypatch):
     # unmapped by the members that mapped it, so an idle group holds no /dev/shm
     monkeypatch.setenv("RPCNB_SHM_IDLE_S", "1")  # the workers read it at start
     monkeypatch.setattr(shm, "_idle", 1.0)
-    seen: set[int] = set()
+    seen = Seen()
     rpcnb.init(1)
     try:
         seen.update(children_of(os.getpid()))
@@ -347,4 +347,4 @@ def test_idle_buffers_are_given_back(no_api_group, monkeypatch):
     finally:
         seen.update(children_of(os.getpid()))
         rpcnb.shutdown()
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()

@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import children_of, pid_alive, wait_until, worker_pids
+from conftest import Seen, children_of, pid_alive, wait_until, worker_pids
 
 LAUNCHER = "__import__('rpcnb.procs.launch').procs.launch.current_launcher()"
 
@@ -289,7 +289,7 @@ def test_workers_of_a_driver_in_a_terminal_leave_the_terminal():
     pid, fd = pty.fork()  # the child: a session leader with the pty as its terminal
     if pid == 0:
         os.execv(sys.executable, [sys.executable, "-c", TERMINAL_DRIVER])
-    seen: set[int] = set()
+    seen = Seen()
     text = b""
     try:
         deadline = time.monotonic() + 180
@@ -308,6 +308,7 @@ def test_workers_of_a_driver_in_a_terminal_leave_the_terminal():
         # the driver has the terminal; its worker has none, in the driver's session
         assert line.split() == ["RESULT", "terminal", "none", "True"], text[-3000:]
     finally:
-        kill_all(sorted(p for p in seen | {pid} if pid_alive(p)))
+        seen.kill()
+        kill_all([pid])  # the driver: this process's child, its pid its own until reaped
         os.close(fd)
         os.waitpid(pid, 0)

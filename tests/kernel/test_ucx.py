@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 from conftest import (
+    Seen,
     children_of,
     kill_all,
     listening_addresses,
@@ -243,12 +244,14 @@ except UsageError as exc:
 """
 
 
-def _watch_names(pid: int, seen: dict[int, str], stop: threading.Event) -> None:
-    """What each process below ``pid`` is (its name, its command line), while it runs."""
+def _watch_names(pid: int, seen: dict[int, str], procs: Seen, stop: threading.Event) -> None:
+    """What each process below ``pid`` is (its name, its command line), while it runs;
+    each noted in ``procs`` too (to be stopped by it)."""
     while not stop.is_set():
         for p in children_of(pid):
             if p not in seen:
                 try:
+                    procs.add(p)
                     name = Path(f"/proc/{p}/comm").read_text().strip()
                     cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
                     seen[p] = f"{name} | {cmd}"
@@ -260,9 +263,10 @@ def _watch_names(pid: int, seen: dict[int, str], stop: threading.Event) -> None:
 def test_the_missing_extra_says_how_to_install_it():
     names: dict[int, str] = {}
     stop = threading.Event()
+    seen = Seen()
     proc = subprocess.Popen([sys.executable, "-c", HIDDEN], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    watcher = threading.Thread(target=_watch_names, args=(proc.pid, names, stop), daemon=True)
+    watcher = threading.Thread(target=_watch_names, args=(proc.pid, names, seen, stop), daemon=True)
     watcher.start()
     try:
         out, err = proc.communicate(timeout=120)
@@ -270,8 +274,8 @@ def test_the_missing_extra_says_how_to_install_it():
     finally:
         stop.set()
         watcher.join(5)
-        seen = {proc.pid, *names}
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.add(proc.pid)  # when it has not exited: else no process
+        seen.kill()
     assert code == 0, err[-2000:]
     assert "flag refused nothing started" in out and "env refused nothing started" in out
     extra = options.ucx_extra()
@@ -411,7 +415,7 @@ def _threads_and_fds() -> tuple[int, int]:
 
 
 def test_nothing_left_after_shutdown(no_api_group):
-    seen: set[int] = set()
+    seen = Seen()
     try:
         rpcnb.init(1, shm=False)  # the same group without UCX: what torch and rpcnb leave
         rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
@@ -432,7 +436,7 @@ def test_nothing_left_after_shutdown(no_api_group):
         seen.update(children_of(os.getpid()))
         if state.is_initialized():
             rpcnb.shutdown()
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ import sys
 import cloudpickle
 import torch
 import torch.distributed.rpc as rpc
-from conftest import children_of, kill_all, pid_alive, wait_until
+from conftest import Seen, children_of, wait_until
 from test_shm import bump_kept, keep, kept_sum, ns  # pickled by value, as this module's
 
 import rpcnb
@@ -93,7 +93,7 @@ def torch_shm_files(pids):
 
 
 def _start(**kwargs):
-    seen: set[int] = set()
+    seen = Seen()
     rpcnb.init(2, **kwargs)
     return seen
 
@@ -103,7 +103,7 @@ def _stop(seen):
     try:
         rpcnb.shutdown()
     finally:
-        kill_all(sorted(p for p in seen if pid_alive(p)))
+        seen.kill()
 
 
 API_WORKERS = 2  # conftest.api_group: this process, worker1 and worker2

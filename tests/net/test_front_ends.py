@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import children_of, kill_all, pid_alive
+from conftest import Seen, children_of, kill_all, pid_alive
 from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
@@ -51,7 +51,7 @@ def start(tmp_path: Path, tries: int = 3) -> tuple[subprocess.Popen, BlockingKer
 
 def test_the_isolated_kernel_says_so_when_a_front_end_skips_its_provisioner(tmp_path):
     proc, kc, err = start(tmp_path)
-    started = {proc.pid}
+    started = Seen([proc.pid])
     shown: list[dict] = []
     try:
         reply = kc.execute_interactive("%load_ext rpcnb\n%rpc_init --workers 1\n%rpc_shutdown",
@@ -64,7 +64,7 @@ def test_the_isolated_kernel_says_so_when_a_front_end_skips_its_provisioner(tmp_
     finally:
         kc.stop_channels()
         started.update(children_of(proc.pid))
-        kill_all(sorted(p for p in started if pid_alive(p)))
+        started.kill()
         proc.wait(10)
     err.seek(0)
     said = err.read()

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Kernel, worker_pids
+from conftest import Kernel, Seen, worker_pids
 
 from rpcnb.procs.processes import descendants, kill_all, pid_alive
 from rpcnb.sandbox import isolation
@@ -181,6 +181,7 @@ def test_a_kept_group_stays_in_the_namespace_across_a_restart(rpcnb_kernel, runt
     k.execute("%%remote worker1\nw = 42")
     rec = json.loads((runtime / "kept" / "group1" / "record.json").read_text())
     pids = [rec["pid"], *rec["workers"].values()]
+    seen = Seen(pids)
     try:
         holder = find_holder(runtime)
         assert holder is not None and {net_ns(p) for p in pids} == {holder.net} != {net_ns()}
@@ -200,7 +201,7 @@ def test_a_kept_group_stays_in_the_namespace_across_a_restart(rpcnb_kernel, runt
         k.execute("%rpc_shutdown")
         assert not [p for p in pids if wait_gone(p)]
     finally:
-        kill_all([p for p in pids if pid_alive(p)])
+        seen.kill()
 
 
 def wait_gone(pid: int, timeout: float = 15) -> bool:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import listening_addresses, worker_pids
+from conftest import Seen, listening_addresses, worker_pids
 
 from rpcnb.procs.processes import kill_all, pid_alive
 
@@ -188,11 +188,11 @@ def test_engines_on_the_other_host_attach(kernel, netns, tmp_path):
     profile = tmp_path / "profile"
     cluster = ipp.Cluster(n=0, profile_dir=str(profile), controller_ip=addr_a, log_level=40)
     engines: list[subprocess.Popen] = []
-    ours: list[int] = []
+    ours = Seen()
     try:
         cluster.start_controller_sync()
-        ours += [cluster.controller.process.pid] if getattr(cluster.controller, "process", None) \
-            else []
+        if getattr(cluster.controller, "process", None):
+            ours.add(cluster.controller.process.pid)
         engine_file = profile / "security" / f"ipcontroller-{cluster.cluster_id}-engine.json"
         deadline = time.monotonic() + 30
         while not engine_file.exists() and time.monotonic() < deadline:
@@ -244,4 +244,4 @@ def test_engines_on_the_other_host_attach(kernel, netns, tmp_path):
             cluster.stop_cluster_sync()
         except Exception:
             pass
-        kill_all([p for p in ns_pids(ns) if pid_alive(p)] + [p for p in ours if pid_alive(p)])
+        kill_all([p for p in ns_pids(ns) if pid_alive(p)] + ours.alive())

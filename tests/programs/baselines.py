@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpcnb.procs.processes import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: run as a script too
+from pids import Seen  # noqa: E402
 
 PROGRAMS = Path(__file__).resolve().parent
 BASELINES = PROGRAMS.parent / "data" / "program_baselines.json"
@@ -111,27 +114,28 @@ def run_script(name: str, tmp: Path) -> ScriptRun:
     with open(log_out, "w") as so, open(log_err, "w") as se:
         proc = subprocess.Popen([sys.executable, str(PROGRAMS / f"{name}.py"), str(out)],
                                 stdout=so, stderr=se, cwd=PROGRAMS, env=env)
-    seen: set[int] = set()
+    seen = Seen()
     try:
         while proc.poll() is None and time.monotonic() < start + SCRIPT_TIMEOUT:
             seen.update(descendants(proc.pid))
             time.sleep(0.05)
         seen.update(descendants(proc.pid))
-        alive_at_exit = {p for p in seen if pid_alive(p)}
+        alive_at_exit = set(seen.alive())
     finally:
-        kill_all(sorted(seen | {proc.pid}))
+        seen.kill()
+        proc.kill()  # its own pid stays its own until it is reaped, just below
         proc.wait(timeout=10)
     seconds = time.monotonic() - start
     deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
-    while time.monotonic() < deadline and any(pid_alive(p) for p in seen):
+    while time.monotonic() < deadline and seen.alive():
         time.sleep(0.05)
-    assert not [p for p in seen if pid_alive(p)], f"{name}.py left processes running"
+    assert not seen.alive(), f"{name}.py left processes running"
     assert seconds < SCRIPT_TIMEOUT, f"{name}.py did not finish in {SCRIPT_TIMEOUT} s"
     assert proc.returncode == 0, (
         f"{name}.py exited with {proc.returncode} after {seconds:.1f} s:\n"
         f"{log_err.read_text()[-4000:]}")
     ran = json.loads(out.read_text())
-    return ScriptRun(ran["result"], ran["pids"], proc.pid, seen, alive_at_exit,
+    return ScriptRun(ran["result"], ran["pids"], proc.pid, set(seen), alive_at_exit,
                      log_out.read_text(), seconds)
 
 
