@@ -38,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from rpcnb.membership import kept
+    from rpcnb.procs.processes import started_at
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel's interrupt is not for it
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     rec = kept.read(args.group) or kept.Record(args.group, args.keep)
-    rec.pid = os.getpid()
+    rec.pid, rec.started = os.getpid(), started_at(os.getpid()) or 0.0
     kept.write(rec)
     from rpcnb import api
     from rpcnb.session import state

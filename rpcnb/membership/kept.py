@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpcnb import errors
 from rpcnb.errors import RpcnbError
-from rpcnb.procs.processes import pid_alive
+from rpcnb.procs.processes import pid_alive, started_at
 from rpcnb.sandbox import isolation
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class Record:
     name: str
     keep_s: float
     pid: int = 0  # the keeper's
+    started: float = 0.0  # when the keeper started: the process with that pid now may not be it
     since: float = field(default_factory=time.time)
     connection: str = ""  # the group's connection file, once it is up
     workers: dict[str, int] = field(default_factory=dict)  # name -> pid
@@ -93,7 +94,10 @@ class Record:
     memory: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def alive(self) -> bool:
-        return self.pid > 0 and pid_alive(self.pid)
+        """Whether the keeper runs: its pid, held by the process that started then (a
+        keeper that was killed leaves its record, and its pid to a later process)."""
+        return (self.pid > 0 and pid_alive(self.pid)
+                and (not self.started or started_at(self.pid) == self.started))
 
 
 def root() -> Path:
@@ -213,7 +217,7 @@ def end(name: str, timeout: float = 15.0) -> bool:
     killed, and its workers with it, after ``timeout``. Whether it was running."""
     import signal
 
-    from rpcnb.procs.processes import kill_all
+    from rpcnb.procs.processes import descendants, kill_all
 
     rec = read(name)
     if rec is None or not rec.alive():
@@ -224,8 +228,10 @@ def end(name: str, timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and pid_alive(rec.pid):
         time.sleep(0.05)
-    if pid_alive(rec.pid):
-        kill_all([rec.pid, *rec.workers.values()])
+    if rec.alive():
+        # its workers are the keeper's descendants now: a pid of the record whose worker
+        # ended may be another process's by now
+        kill_all([rec.pid, *(p for p in descendants(rec.pid) if p in rec.workers.values())])
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(pid_alive(p) for p in rec.workers.values()):
         time.sleep(0.05)

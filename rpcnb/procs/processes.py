@@ -22,6 +22,15 @@ def state(pid: int) -> str | None:
         return None
 
 
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), None when there is none:
+    with the pid, what names one process for good (Linux gives pids out again)."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
     return state(pid) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)

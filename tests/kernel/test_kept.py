@@ -370,3 +370,33 @@ def test_the_doctor_lists_kept_groups_and_the_panel_ends_one_from_another_group(
     assert not said["ok"] and "There is no kept group 'group1'" in said["message"], said
     assert ("kept", "group1") not in {
         (f["member"], f["check"]) for f in json.loads(k.execute("%rpc_doctor --json").stdout)}
+
+
+def test_a_record_whose_keeper_is_gone_is_no_group_even_when_its_pid_is_taken(kept):
+    """A keeper killed by SIGKILL leaves its record; Linux gives its pid out again. A
+    process that got that pid later is not taken for the keeper: the group is not listed,
+    cannot be ended, and the process is not signalled."""
+    import subprocess
+
+    from pids import start_time
+
+    other = subprocess.Popen(["sleep", "120"])
+    kept.pids.add(other.pid)
+    try:
+        folder = kept.run / "kept" / "group1"
+        folder.mkdir(parents=True, mode=0o700)
+        was = start_time(other.pid)
+        assert was is not None
+        # what the killed keeper wrote: this pid, and when that keeper started (earlier)
+        (folder / "record.json").write_text(json.dumps({
+            "name": "group1", "keep_s": 600.0, "pid": other.pid, "started": was - 100,
+            "workers": {"worker1": other.pid}}))
+        k = kept.kernel()
+        assert "group1" not in k.execute("%rpc_groups").stdout
+        out = k.execute("%rpc_shutdown --group group1", allow_error=True)
+        assert "There is no kept group 'group1'" in out.stderr, out.stderr
+        assert other.poll() is None, "the process that took the keeper's pid was signalled"
+        assert not folder.exists()  # the stale record is removed
+    finally:
+        other.kill()
+        other.wait(5)
