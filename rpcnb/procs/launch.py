@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpcnb.procs.processes import is_stopped, own_group, pid_alive
+from rpcnb.procs.processes import is_stopped, own_group, pid_alive, started_at
 
 # Environment every rpcnb process gets unless the user set it already.
 QUIET_ENV = {
@@ -88,6 +88,9 @@ class ForkedProcess:
 
     def __init__(self, launcher: Launcher, pid: int) -> None:
         self.pid = pid
+        # read while the launcher has not reaped it: with the pid, this very process (an
+        # orphan's pid may be another process's once it has ended)
+        self.started = started_at(pid)
         self.returncode: int | None = None
         self.lost = False  # ended after its launcher: no exit status
         self._launcher = launcher
@@ -102,9 +105,13 @@ class ForkedProcess:
         assert self.returncode is not None
         return self.returncode
 
+    def running(self) -> bool:
+        """Whether this process runs: its pid, held by the process that started then."""
+        return pid_alive(self.pid) and started_at(self.pid) == self.started
+
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            self._launcher.signal(self.pid, sig)
+            self._launcher.signal(self, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -121,7 +128,7 @@ class ForkedProcess:
 def _watch_orphans(orphans: list[ForkedProcess]) -> None:
     """Workers whose launcher is gone: each ends (LOST, no exit status) when its pid does."""
     while orphans:
-        for child in [c for c in orphans if not pid_alive(c.pid)]:
+        for child in [c for c in orphans if not c.running()]:
             child.ended(LOST, lost=True)
             orphans.remove(child)
         time.sleep(0.2)
@@ -225,12 +232,14 @@ class Launcher:
         proc: ForkedProcess = reply["proc"]
         return proc
 
-    def signal(self, pid: int, sig: int) -> None:
+    def signal(self, child: ForkedProcess, sig: int) -> None:
+        """``sig`` to a worker it forked: through the launcher (which signals only a child
+        it has not reaped), or, the launcher gone, to the orphan while it is that process."""
         if self.alive():
-            self._send({"op": "signal", "pid": pid, "sig": sig})
-        elif pid_alive(pid):
+            self._send({"op": "signal", "pid": child.pid, "sig": sig})
+        elif child.running():
             try:
-                os.kill(pid, sig)
+                os.kill(child.pid, sig)
             except ProcessLookupError:
                 pass
 
