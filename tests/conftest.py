@@ -452,7 +452,7 @@ class SharedGroup:
         k = self.kernel or self._start()
         env, cwd = k.value(WHERE)
         k.scan()
-        self.lent = Lent(env, cwd, Seen(children_of(k.pid)), k.known.only(lambda p: True))
+        self.lent = Lent(env, cwd, Seen(children_of(k.pid)), k.known.copy())
         k.stray.clear()
         k.init_output = None
         return k

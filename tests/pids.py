@@ -12,17 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from rpcnb.procs.processes import kill_all, pid_alive
-
-
-def start_time(pid: int) -> float | None:
-    """When process ``pid`` started (psutil's create_time), or None when there is none."""
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
+from rpcnb.procs.processes import kill_all, started_at, still_running
 
 
 class Seen:
@@ -35,7 +25,7 @@ class Seen:
 
     def add(self, pid: int) -> None:
         """Note ``pid`` as the process that has it now (nothing when none has)."""
-        when = start_time(pid)
+        when = started_at(pid)
         if when is not None:
             self.started[pid] = when
 
@@ -54,6 +44,9 @@ class Seen:
             self.update(other)
         return self
 
+    def copy(self) -> Seen:
+        return self.only(lambda _: True)
+
     def only(self, keep: Callable[[int], bool]) -> Seen:
         """The processes seen here whose pid ``keep`` takes."""
         new = Seen()
@@ -69,7 +62,7 @@ class Seen:
     def alive(self) -> list[int]:
         """The pids whose process is still the one seen, and runs (a zombie, dead but not
         yet reaped by its parent, does not)."""
-        return sorted(p for p, t in self.started.items() if start_time(p) == t and pid_alive(p))
+        return sorted(p for p, t in self.started.items() if still_running(p, t))
 
     def kill(self) -> None:
         """SIGKILL each process seen that is still running (not a later one with its pid)."""

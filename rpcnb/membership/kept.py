@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from rpcnb import errors
 from rpcnb.errors import RpcnbError
-from rpcnb.procs.processes import pid_alive, started_at
+from rpcnb.procs.processes import pid_alive, still_running
 from rpcnb.sandbox import isolation
 
 if TYPE_CHECKING:
@@ -96,8 +96,7 @@ class Record:
     def alive(self) -> bool:
         """Whether the keeper runs: its pid, held by the process that started then (a
         keeper that was killed leaves its record, and its pid to a later process)."""
-        return (self.pid > 0 and pid_alive(self.pid)
-                and (not self.started or started_at(self.pid) == self.started))
+        return self.pid > 0 and still_running(self.pid, self.started or None)
 
 
 def root() -> Path:
@@ -217,23 +216,25 @@ def end(name: str, timeout: float = 15.0) -> bool:
     killed, and its workers with it, after ``timeout``. Whether it was running."""
     import signal
 
-    from rpcnb.procs.processes import descendants, kill_all
+    from rpcnb.procs.processes import descendants, kill_all, started_at
 
     rec = read(name)
     if rec is None or not rec.alive():
         remove(name)
         return False
+    # its workers, as the keeper's descendants now (a pid of the record whose worker ended
+    # may be another process's by now), each with when it started
+    started = {p: started_at(p) for p in descendants(rec.pid) if p in rec.workers.values()}
+    workers = {p: t for p, t in started.items() if t is not None}
     with contextlib.suppress(ProcessLookupError):
         os.kill(rec.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pid_alive(rec.pid):
+    while time.monotonic() < deadline and rec.alive():
         time.sleep(0.05)
     if rec.alive():
-        # its workers are the keeper's descendants now: a pid of the record whose worker
-        # ended may be another process's by now
-        kill_all([rec.pid, *(p for p in descendants(rec.pid) if p in rec.workers.values())])
+        kill_all([rec.pid, *(p for p, t in workers.items() if still_running(p, t))])
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(pid_alive(p) for p in rec.workers.values()):
+    while time.monotonic() < deadline and any(still_running(p, t) for p, t in workers.items()):
         time.sleep(0.05)
     remove(name)
     return True

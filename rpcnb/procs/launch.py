@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpcnb.procs.processes import is_stopped, own_group, pid_alive, started_at
+from rpcnb.procs.processes import is_stopped, own_group, started_at, still_running
 
 # Environment every rpcnb process gets unless the user set it already.
 QUIET_ENV = {
@@ -107,7 +107,7 @@ class ForkedProcess:
 
     def running(self) -> bool:
         """Whether this process runs: its pid, held by the process that started then."""
-        return pid_alive(self.pid) and started_at(self.pid) == self.started
+        return still_running(self.pid, self.started)
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:

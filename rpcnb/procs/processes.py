@@ -36,6 +36,12 @@ def pid_alive(pid: int) -> bool:
     return state(pid) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
+def still_running(pid: int, started: float | None) -> bool:
+    """Whether the process that had ``pid`` when it started at ``started`` (``started_at``)
+    still runs: not a later process that got the same pid (None: the pid alone)."""
+    return pid_alive(pid) and (started is None or started_at(pid) == started)
+
+
 def is_stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP, or held by a debugger)."""
     return state(pid) in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)

@@ -378,14 +378,14 @@ def test_a_record_whose_keeper_is_gone_is_no_group_even_when_its_pid_is_taken(ke
     cannot be ended, and the process is not signalled."""
     import subprocess
 
-    from pids import start_time
+    from rpcnb.procs.processes import started_at
 
     other = subprocess.Popen(["sleep", "120"])
     kept.pids.add(other.pid)
     try:
         folder = kept.run / "kept" / "group1"
         folder.mkdir(parents=True, mode=0o700)
-        was = start_time(other.pid)
+        was = started_at(other.pid)
         assert was is not None
         # what the killed keeper wrote: this pid, and when that keeper started (earlier)
         (folder / "record.json").write_text(json.dumps({

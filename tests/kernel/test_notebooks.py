@@ -180,7 +180,7 @@ def run_notebook(path: Path, kernel: str = "python3") -> Run:
         run.seconds = time.monotonic() - started
         stop.set()
         watcher.join()
-        everything = run.seen.only(lambda p: True)
+        everything = run.seen.copy()
         everything |= run.kernel
         if run.kernel_pid is not None and run.kernel.alive():
             everything |= children_of(run.kernel_pid)
