@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -596,6 +597,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 
 def worker_pids(k: Kernel) -> dict[str, int]:
     return k.value("{m.name: m.pid for m in __import__('rpcnb').group().members}")
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and wait until every thread of it has stopped. The signal is only
+    queued when ``os.kill`` returns: on a busy machine a thread of the process can still
+    answer a request for some milliseconds, so a test that asks right away may be told
+    the frozen member is fine."""
+    os.kill(pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{pid}/task")
+
+    def all_stopped() -> bool:
+        states = []
+        for task in tasks.iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # a thread that ended meanwhile
+            states.append(stat[stat.rindex(")") + 2])
+        return bool(states) and all(st in "tT" for st in states)
+
+    if not wait_until(all_stopped, timeout=timeout, poll=0.01):
+        os.kill(pid, signal.SIGCONT)
+        raise AssertionError(f"pid {pid} did not stop within {timeout} s of SIGSTOP")
 
 
 PYTHON = sys.executable

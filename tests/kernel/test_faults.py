@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from conftest import pid_alive, worker_pids
+from conftest import freeze, pid_alive, worker_pids
 
 
 @pytest.mark.serial  # a dead worker's cell fails within 2 s
@@ -42,7 +42,7 @@ def test_idle_worker_killed_then_a_new_member_joins(own_group, kernel_factory):
 
 def test_frozen_worker_times_out_and_shutdown_is_bounded(own_group):
     pids = worker_pids(own_group)
-    os.kill(pids["worker1"], signal.SIGSTOP)
+    freeze(pids["worker1"])
     try:
         t0 = time.monotonic()
         out = own_group.execute("%%remote worker1 --timeout 2\n1", allow_error=True, timeout=30)
@@ -150,7 +150,7 @@ def test_a_member_that_answers_again_shows_alive_again(group):
     # SIGSTOP: the worker is alive but cannot answer; %rpc_workers says so, and once it
     # runs again it is listed alive again (it did not die)
     pids = worker_pids(group)
-    os.kill(pids["worker1"], signal.SIGSTOP)
+    freeze(pids["worker1"])
     try:
         stopped = group.execute("%rpc_workers", timeout=60).text
         row = next(ln for ln in stopped.splitlines() if ln.startswith("worker1 "))

@@ -12,7 +12,7 @@ import re
 import signal
 
 import pytest
-from conftest import wait_until, worker_pids
+from conftest import freeze, wait_until, worker_pids
 from test_panel import close_comm, open_comm, send, snapshot_where, wait_for
 
 from rpcnb import errors
@@ -165,7 +165,7 @@ def test_the_panel_shows_the_busy_worker_and_its_stacks(group):
 def test_a_frozen_member_is_named_as_not_answering_and_a_dead_one_as_dead(own_group):
     k = own_group
     pids = worker_pids(k)
-    os.kill(pids["worker1"], signal.SIGSTOP)
+    freeze(pids["worker1"])
     try:
         took, text = stacks(k, "")
     finally:
