@@ -71,11 +71,12 @@ chromium:
 # Debian's Open MPI for ipyparallel's MPI launcher (tests/kernel/test_cluster.py; mpi4py is in
 # the test extra), Slurm and munge for tests/net/test_slurm.py (which runs daemons of its own,
 # never the machine's), iproute2 (ip netns, ss) for tests/net/test_two_hosts.py and OpenSSH's
-# server for tests/net/test_ssh.py (which runs an sshd of its own in a test network namespace):
+# server for tests/net/test_ssh.py (which runs an sshd of its own in a test network namespace),
+# strace for tests/kernel/test_ucx.py (which process copied a tensor):
 # installed when missing if we are root with apt-get; otherwise those tests skip and say
 # why. The packages' services are not started (a policy-rc.d for the install, where the
 # machine has none) and sshd is not enabled at boot: nothing comes to listen on the network.
-CLUSTER_TOOLS := mpiexec ip ss /usr/sbin/slurmd /usr/sbin/slurmctld /usr/sbin/munged srun /usr/sbin/sshd
+CLUSTER_TOOLS := mpiexec ip ss /usr/sbin/slurmd /usr/sbin/slurmctld /usr/sbin/munged srun /usr/sbin/sshd strace
 .PHONY: cluster-deps
 cluster-deps:
 	@missing=; for t in $(CLUSTER_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
@@ -84,12 +85,12 @@ cluster-deps:
 	    policy=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
 	      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && policy=1; \
 	    fi; \
-	    apt-get update && apt-get install -y openmpi-bin iproute2 slurmd slurmctld slurm-client munge openssh-server; \
+	    apt-get update && apt-get install -y openmpi-bin iproute2 slurmd slurmctld slurm-client munge openssh-server strace; \
 	    rc=$$?; [ -z "$$policy" ] || rm -f /usr/sbin/policy-rc.d; \
 	    if [ -d /run/systemd/system ]; then systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true; fi; \
 	    exit $$rc; \
 	  else \
-	    echo "openmpi-bin, iproute2, slurm, munge or openssh-server are missing and cannot be installed here (needs root and apt-get)"; \
+	    echo "openmpi-bin, iproute2, slurm, munge, openssh-server or strace are missing and cannot be installed here (needs root and apt-get)"; \
 	  fi; \
 	fi
 

@@ -123,11 +123,30 @@ def activate(s: Any) -> None:
 def _config(s: Any) -> dict[str, str]:
     """UCX's settings for group ``s``: its TCP transport listens only where TensorPipe
     does (``lo`` on one host, the group's interface between hosts), never on every
-    interface of the machine. ``UCX_NET_DEVICES`` in the environment wins."""
+    interface of the machine; and on one host a kernel lets its peers do the copies.
+    ``UCX_NET_DEVICES`` and ``UCX_RNDV_SCHEME`` in the environment win."""
+    from rpcnb import machine
+
+    config = {}
+    if s.one_host and _kernel(s) and not machine.cuda_devices() and \
+            "UCX_RNDV_SCHEME" not in os.environ:
+        # A kernel never copies from or into a peer's memory itself: as a receiver it asks
+        # the sender to write (put), and a worker receiving from it reads (get, UCX's
+        # choice). UCX has no peer error handling on one host, and a copy that fails
+        # because the peer died mid-way aborts the process that made it: a worker then,
+        # never the notebook's kernel. (Where there are GPUs UCX keeps its own choice:
+        # not measured there yet.)
+        config["RNDV_SCHEME"] = "put_zcopy"
     if os.environ.get("UCX_NET_DEVICES"):
-        return {}
+        return config
     iface = os.environ.get("TP_SOCKET_IFNAME", "") if not s.one_host else ""
-    return {"NET_DEVICES": iface or "lo"}
+    return {**config, "NET_DEVICES": iface or "lo"}
+
+
+def _kernel(s: Any) -> bool:
+    """Whether this member of group ``s`` is a kernel (not a worker process, an engine or
+    a headless worker)."""
+    return s.runner is None or s.runner.kind == "kernel"
 
 
 def is_active() -> bool:
@@ -298,7 +317,9 @@ def _host_buffer(nbytes: int) -> Any:
     if mm is None:
         return torch.empty(nbytes, dtype=torch.uint8)
     view = memoryview(mm)[:nbytes]
-    weakref.finalize(view, _give_back, mm)
+    # not at exit: a tensor still alive then still uses the buffer (closing it raised
+    # BufferError), and the process's end unmaps it anyway
+    weakref.finalize(view, _give_back, mm).atexit = False
     out = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
     del view  # only the tensor's storage holds it now
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -327,6 +329,47 @@ def test_a_peer_killed_mid_transfer_gives_the_died_error_within_5_s(ucx_group, d
     # the rest of the group keeps working, over UCX too
     back = rpc.rpc_sync("worker2", echo, args=(torch.ones(2 * MB),))
     assert back.sum().item() == 2 * MB
+
+
+KERNEL_COPIES = """
+import os, torch, rpcnb
+from rpcnb.session import state
+rpcnb.init(workers=1, ucx=True, shm=False)
+print(os.getpid(), state.current().procs["worker1"].pid, flush=True)
+got = rpcnb.run("worker1", "import torch\\ntorch.ones(16 << 20)", fetch=True)
+pushed = rpcnb.run("worker1", "big.sum().item()", push={"big": torch.ones(16 << 20)}, fetch=True)
+print(got.sum().item(), pushed, flush=True)
+rpcnb.shutdown()
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed "
+                    "(Debian's strace; make test installs it where it runs as root)")
+@pytest.mark.skipif(bool(__import__("rpcnb.machine").machine.cuda_devices()),
+                    reason="with GPUs UCX keeps its own rendezvous scheme on one host")
+def test_on_one_host_the_kernel_never_copies_a_peers_memory_itself(tmp_path):
+    """UCX has no peer error handling on one host: a process whose CMA copy fails because
+    the peer died mid-way is aborted. The kernel lets its peers do every copy (it asks a
+    sender to write into it, and a worker reads what the kernel sends), so a worker killed
+    mid-transfer can take down no more than itself. strace shows who copied."""
+    log = tmp_path / "strace.log"
+    code, out, err, _ = run_watched(
+        ["strace", "-f", "-e", "trace=process_vm_readv,process_vm_writev", "-o", str(log),
+         sys.executable, "-c", KERNEL_COPIES], timeout=180, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert code == 0, err[-3000:]
+    # ``got`` is still alive at exit, over a buffer of the receive pool: no BufferError
+    assert "Traceback" not in err, err[-3000:]
+    lines = out.split("\n")
+    kernel, worker = (int(p) for p in lines[0].split())
+    assert lines[1].split() == ["16777216.0", "16777216.0"], out  # 64 MB each way
+    copies: dict[int, int] = {}  # the process whose memory was copied -> bytes
+    for call in re.finditer(r"process_vm_(?:readv|writev)\((\d+), .*?\) = (\d+)",
+                            log.read_text()):
+        copies[int(call[1])] = copies.get(int(call[1]), 0) + int(call[2])
+    # both tensors went by CMA, each copied by the worker: into and out of the kernel
+    assert copies.get(kernel, 0) >= 2 * 64 * MB, copies
+    assert copies.get(worker, 0) < MB, copies  # the kernel copied nothing of the worker's
 
 
 def _ns_pids(ns: str) -> list[int]:
