@@ -6,7 +6,8 @@ of an ``xdist_group`` such as the browser tests' one JupyterLab server, stay on 
 worker); then the ``serial`` tests (those that measure time), alone on the machine, one
 after another (collecting only the files that mark one). Every failure of both phases is
 reported (no ``-x``). At the end: each phase's wall time and exit status, the whole run's
-wall time, and its slowest tests; every test's time is kept in
+wall time, its slowest tests, and how often the test processes started their shared
+kernel (and why one was stopped before the end); every test's time is kept in
 ``test-results/durations.txt`` (CI's artefact) beside the phases' JUnit XML files.
 
     python scripts/test_suite.py                 # make test
@@ -73,7 +74,9 @@ class Phase:
             print(f"{self.name}: no test of its kind here", flush=True)
             return
         t0, cpu0 = time.monotonic(), psutil.cpu_times()
-        proc = subprocess.Popen(cmd, cwd=ROOT)
+        # conftest.GroupPool.record writes there how often it started the shared kernel
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ,
+                                                         RPCNB_TEST_RESULTS=str(RESULTS)))
         try:
             self.status = proc.wait(timeout=PHASE_LIMIT_S)
         except subprocess.TimeoutExpired:
@@ -135,6 +138,26 @@ def report(phases: list[Phase], wall: float) -> str:
     return "\n".join(lines)
 
 
+def kernel_report() -> str:
+    """How often the test processes started their shared kernel (tests/conftest.py's
+    ``GroupPool``), and why one was stopped before the end: a test whose group could not
+    be reset, a member that died. Each such start costs about 5 s of CPU."""
+    files = sorted(RESULTS.glob("shared-kernel-*.txt"))
+    if not files:
+        return ""
+    starts, stops = 0, []
+    for file in files:
+        first, *rest = file.read_text().splitlines() or ["starts 0"]
+        starts += int(first.split()[1])
+        stops += rest
+    lines = [f"shared kernels: {starts} started in {len(files)} test processes, "
+             f"{len(stops)} of them stopped before the end" + (":" if stops else "")]
+    lines += [f"  {why}" for why in stops[:SLOWEST]]
+    if len(stops) > SLOWEST:
+        lines.append(f"  ... and {len(stops) - SLOWEST} more")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fast", action="store_true", help="make test-fast's selection")
@@ -144,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     paths = args.paths or (FAST if args.fast else ["tests"])
     RESULTS.mkdir(exist_ok=True)
+    for old in RESULTS.glob("shared-kernel-*.txt"):
+        old.unlink()
     common = ["-q", "-p", "no:cacheprovider", *extra]
     # a test worker that dies is not replaced: the crash is reported as the failure of the
     # test it ran, the others finish the run (a replaced worker can leave loadgroup waiting)
@@ -163,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "durations.txt").write_text("".join(
         f"{s:8.2f}  {test}\n" for test, s in sorted(times.items(), key=lambda kv: -kv[1])))
     print("\n" + report(phases, wall), flush=True)
+    kernels = kernel_report()
+    if kernels:
+        print(kernels, flush=True)
     failed = [phase.name for phase in phases if not phase.passed]
     if failed:
         print(f"FAILED: {', '.join(failed)} (each phase's failures are listed above)")

@@ -367,6 +367,8 @@ class SharedGroup:
         self.known = Seen()
         self.starts = 0  # kernels started
         self.lent: Lent | None = None
+        self.test = ""  # the test that has it now
+        self.stops: list[str] = []  # why it was stopped before the end: "test: why"
 
     def _start(self) -> Kernel:
         k = Kernel()
@@ -404,10 +406,10 @@ class SharedGroup:
         """The group, healthy: the one kept, or one started again (on the same kernel
         when it is alive and leaves the group it was in, else on a new one)."""
         if self.kernel is not None and self.running == self.init and not self.healthy():
-            self.stop()
+            self.stop("its group was not healthy")
         if self.kernel is not None and self.running != self.init and (
                 not self.kernel.km.is_alive() or not self._leave()):
-            self.stop()
+            self.stop("it could not leave its group for another %rpc_init line")
         k = self.kernel or self._start()
         if self.running != self.init:
             k.init_output = k.execute(self.init)
@@ -427,7 +429,7 @@ class SharedGroup:
                 return
         except (TimeoutError, OSError):
             pass
-        self.stop()
+        self.stop("it could not be handed to the next module")
 
     def reset(self) -> None:
         """Between two tests; a group that cannot be reset is stopped."""
@@ -435,21 +437,21 @@ class SharedGroup:
         if k is None:
             return
         if not k.km.is_alive() or not all(pid_alive(p) for p in self.pids.values()):
-            self.stop()
+            self.stop("a member of its group died in the test")
             return
         try:
             ok = k.execute(RESET, timeout=30, allow_error=True)
             k.execute("%reset -f", timeout=15)
             if ok.error is not None or ok.stdout.strip() != "True":
-                self.stop()
+                self.stop("its group could not be reset after the test")
         except (TimeoutError, AssertionError, OSError):
-            self.stop()
+            self.stop("its group could not be reset after the test")
 
     def lend(self) -> Kernel:
         """The kernel with rpcnb loaded, in no group, its namespace empty: for a test that
         starts (and may kill, restart or shut down) a group of its own."""
         if self.kernel is not None and (not self.kernel.km.is_alive() or not self._leave()):
-            self.stop()
+            self.stop("it could not leave its group to be lent")
         k = self.kernel or self._start()
         env, cwd = k.value(WHERE)
         k.scan()
@@ -466,7 +468,7 @@ class SharedGroup:
         if k is None or lent is None:
             return []
         if failed or not k.km.is_alive():
-            self.stop()
+            self.stop("the test failed" if failed else "its kernel died in the test")
             return []
         try:
             ok = (k.execute(LEAVE, timeout=30, allow_error=True).stdout.strip() == "True" and
@@ -485,14 +487,17 @@ class SharedGroup:
             kill_all(left)
             ok = False
         if not ok:
-            self.stop()
+            self.stop("it could not be put back as it was lent")
         return left
 
-    def stop(self) -> None:
+    def stop(self, why: str = "") -> None:
+        """Stop the kernel; ``why``, when before the end, is kept (``GroupPool.record``)."""
         k, self.kernel = self.kernel, None
         self.running, self.pids = None, {}
         if k is None:
             return
+        if why:
+            self.stops.append(f"{self.test}: {why}")
         k.close()
         self.known.merge(k.known)
 
@@ -525,12 +530,24 @@ class GroupPool:
         self.left |= self.current.close()
         return self.left.alive()
 
+    def record(self) -> None:
+        """How many kernels this test process started, and why each was stopped before
+        the end: ``shared-kernel-<worker>-<pid>.txt`` in ``$RPCNB_TEST_RESULTS`` (where
+        scripts/test_suite.py, which sets it, reads and sums them)."""
+        where = os.environ.get("RPCNB_TEST_RESULTS")
+        if not where or not Path(where).is_dir():
+            return
+        name = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}"
+        lines = [f"starts {self.current.starts}", *self.current.stops]
+        Path(where, f"shared-kernel-{name}.txt").write_text("\n".join(lines) + "\n")
+
 
 @pytest.fixture(scope="session")
 def group_pool():
     pool = GroupPool()
     yield pool
     left = pool.close()
+    pool.record()
     assert not left, f"processes of the shared groups left running: {left}"
 
 
@@ -545,10 +562,11 @@ def group(shared_group: SharedGroup, request: pytest.FixtureRequest) -> Any:
     of this module and of the modules after it (``SharedGroup``, ``GroupPool``): a test
     that kills, restarts, adds or shuts down members, or changes the kernel's settings,
     takes ``own_group`` instead."""
+    shared_group.test = request.node.nodeid
     yield shared_group.get()
     report = getattr(request.node, "rpcnb_call_report", None)
     if report is None or report.failed:
-        shared_group.stop()
+        shared_group.stop("the test failed")
     else:
         shared_group.reset()
 
@@ -562,6 +580,7 @@ def rpcnb_kernel(group_pool: GroupPool, request: pytest.FixtureRequest) -> Any:
     down and every process they started ended (those left are killed and fail the test).
     A test that ends or restarts the kernel itself, or needs one that never ran rpcnb
     (``%load_ext``, the launcher's start), takes ``kernel``."""
+    group_pool.current.test = request.node.nodeid
     k = group_pool.current.lend()
     yield k
     report = getattr(request.node, "rpcnb_call_report", None)
