@@ -104,7 +104,7 @@ cluster-deps:
 # scripts/test_suite.py runs it in two phases: every test not marked `serial` on parallel
 # pytest-xdist workers, then the timing-sensitive `serial` tests alone; every failure is
 # reported (no -x), and it ends with its wall time, slowest tests (all of them in
-# test-results/durations.txt, CI's artefact). TEST_ARGS: more of its flags (-n 2, a path).
+# test-results/durations.txt, CI's artefact) and the shared kernels' starts. TEST_ARGS: more of its flags (-n 2, a path).
 # Its exit status is 0 only when every phase passed (pytest's 5, no tests, is a failure).
 test: $(STAMP) chromium cluster-deps
 	$(BIN)/python scripts/test_suite.py $(TEST_ARGS)
