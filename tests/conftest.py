@@ -32,6 +32,25 @@ from bench.netsetup import veth_pair  # noqa: E402
 children_of = descendants
 
 
+def started_here() -> list[int]:
+    """The processes that an rpcnb group of this test process (``rpcnb.init`` here)
+    started: its warm launcher, or its worker processes, with their descendants. Not every
+    descendant of this process: the shared kernel of ``group``, a JupyterLab server and
+    their own workers are children of it too (a test that killed them all took the next
+    module's shared kernel with it)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            line = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "rpcnb.procs.forkserver" in line or "rpcnb.worker" in line:
+            found += [child.pid, *descendants(child.pid)]
+    return found
+
+
 @dataclass
 class Output:
     """What one executed cell showed, in order, with arrival times."""
@@ -377,17 +396,28 @@ class SharedGroup:
         k.execute("%load_ext rpcnb")
         return k
 
-    def _leave(self) -> bool:
-        """The kernel in no group: the one it runs shut down, its workers ended."""
+    def _leave(self) -> str:
+        """The kernel in no group: the one it runs shut down, its workers ended. Returns
+        "" when it is so, else why not."""
         k = self.kernel
         assert k is not None
         workers = Seen(p for p in self.pids.values() if p != k.pid)
         self.running, self.pids = None, {}
         try:
             done = k.execute(LEAVE, timeout=30, allow_error=True)
-        except (TimeoutError, OSError):
-            return False
-        return done.stdout.strip() == "True" and not stopped(workers, GRACE)
+        except (TimeoutError, OSError) as exc:
+            return f"leaving its group: {exc!r}"
+        if done.stdout.strip() != "True":
+            said = (f"{done.error['ename']}: {done.error['evalue']}" if done.error
+                    else (done.stdout + done.stderr).strip())
+            return f"leaving its group: {said[-300:]!r}"
+        left = stopped(workers, GRACE)
+        return f"its workers {left} were alive {GRACE:.0f} s after it left" if left else ""
+
+    def died(self) -> str:
+        """How its kernel ended (its exit status; -9: killed by SIGKILL)."""
+        proc = getattr(self.kernel.km.provisioner, "process", None) if self.kernel else None
+        return f"its kernel died (exit status {proc.poll() if proc else '?'})"
 
     def healthy(self) -> bool:
         k = self.kernel
@@ -407,9 +437,10 @@ class SharedGroup:
         when it is alive and leaves the group it was in, else on a new one)."""
         if self.kernel is not None and self.running == self.init and not self.healthy():
             self.stop("its group was not healthy")
-        if self.kernel is not None and self.running != self.init and (
-                not self.kernel.km.is_alive() or not self._leave()):
-            self.stop("it could not leave its group for another %rpc_init line")
+        if self.kernel is not None and self.running != self.init:
+            why = self._leave() if self.kernel.km.is_alive() else self.died()
+            if why:
+                self.stop(f"for another %rpc_init line: {why}")
         k = self.kernel or self._start()
         if self.running != self.init:
             k.init_output = k.execute(self.init)
@@ -450,8 +481,10 @@ class SharedGroup:
     def lend(self) -> Kernel:
         """The kernel with rpcnb loaded, in no group, its namespace empty: for a test that
         starts (and may kill, restart or shut down) a group of its own."""
-        if self.kernel is not None and (not self.kernel.km.is_alive() or not self._leave()):
-            self.stop("it could not leave its group to be lent")
+        if self.kernel is not None:
+            why = self._leave() if self.kernel.km.is_alive() else self.died()
+            if why:
+                self.stop(f"to be lent: {why}")
         k = self.kernel or self._start()
         env, cwd = k.value(WHERE)
         k.scan()
@@ -532,9 +565,9 @@ class GroupPool:
 
     def record(self) -> None:
         """How many kernels this test process started, and why each was stopped before
-        the end: ``shared-kernel-<worker>-<pid>.txt`` in ``$RPCNB_TEST_RESULTS`` (where
+        the end: ``shared-kernel-<worker>-<pid>.txt`` in ``$TEST_SUITE_RESULTS`` (where
         scripts/test_suite.py, which sets it, reads and sums them)."""
-        where = os.environ.get("RPCNB_TEST_RESULTS")
+        where = os.environ.get("TEST_SUITE_RESULTS")
         if not where or not Path(where).is_dir():
             return
         name = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}"
@@ -756,7 +789,7 @@ class ApiGroup:
         if not self.up:
             rpcnb.init(self.workers, **self.init)
             self.up = True
-            self.seen.update(children_of(os.getpid()))
+            self.seen.update(started_here())
 
     def reset(self) -> None:
         """Between two tests: every worker's namespace emptied (what tests keep there holds
@@ -773,7 +806,7 @@ class ApiGroup:
         import rpcnb
         from rpcnb.session import state
 
-        self.seen.update(children_of(os.getpid()))
+        self.seen.update(started_here())
         if state.is_initialized():
             rpcnb.shutdown()
         self.up = False

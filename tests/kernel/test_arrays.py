@@ -10,7 +10,6 @@ processes; one drives a real kernel through the magics. CuPy tests are marked ``
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
 import cloudpickle
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import Seen, children_of, wait_until
+from conftest import Seen, started_here, wait_until
 
 import rpcnb
 from rpcnb.observe import values
@@ -86,10 +85,10 @@ def api_group():
     rpcnb.init(2, device_map={"worker1": gpu, "worker2": gpu} if torch.cuda.is_available()
                else None)
     try:
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         yield seen
     finally:
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         try:
             rpcnb.shutdown()
         finally:

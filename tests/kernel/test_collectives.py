@@ -71,8 +71,9 @@ def test_a_collective_on_one_worker_fails_in_time_naming_who_never_came(coll_gro
     assert again.text == "{'worker1': 2.0, 'worker2': 2.0}"
 
 
-def test_resizing_is_refused_and_shutdown_lets_a_new_group_form(coll_group):
-    k = coll_group
+def test_resizing_is_refused_and_shutdown_lets_a_new_group_form(rpcnb_kernel):
+    k = rpcnb_kernel  # it shuts its group down: the shared kernel, lent in no group
+    k.execute(GROUP_INIT)
     out = k.execute("%rpc_restart worker1", allow_error=True)
     assert "form a process group (--collectives gloo) of a fixed size (2)" in out.stderr
     out = k.execute("%rpc_init --add 1", allow_error=True)

@@ -15,7 +15,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import Seen, children_of, pid_alive, run_watched, wait_until, worker_pids
+from conftest import Seen, pid_alive, run_watched, started_here, wait_until, worker_pids
 
 import rpcnb
 from rpcnb.paths import shm
@@ -260,11 +260,11 @@ def test_no_buffers_left_after_shutdown_and_worker_kill(no_api_group):
         os.kill(pid1, signal.SIGKILL)
         assert wait_until(lambda: not any(f"-{pid1}-" in p for p in shm.leftovers(group)))
         assert fetched.sum().item() == MB  # still readable: unlinking keeps mappings
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         rpcnb.shutdown()
         assert shm.leftovers(group) == []
     finally:
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         if state.is_initialized():
             rpcnb.shutdown()
         seen.kill()
@@ -332,7 +332,7 @@ def test_idle_buffers_are_given_back(no_api_group, monkeypatch):
     seen = Seen()
     rpcnb.init(1)
     try:
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         from rpcnb.session import state
 
         group = state.current().group_id
@@ -345,6 +345,6 @@ def test_idle_buffers_are_given_back(no_api_group, monkeypatch):
         # and the path still works afterwards
         assert rpc.rpc_sync("worker1", keep, args=(torch.ones(4 * MB),)) == 4 * MB
     finally:
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         rpcnb.shutdown()
         seen.kill()

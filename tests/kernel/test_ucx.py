@@ -29,6 +29,7 @@ from conftest import (
     listening_addresses,
     pid_alive,
     run_watched,
+    started_here,
     wait_until,
     worker_pids,
 )
@@ -462,13 +463,13 @@ def test_nothing_left_after_shutdown(no_api_group):
     try:
         rpcnb.init(1, shm=False)  # the same group without UCX: what torch and rpcnb leave
         rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         rpcnb.shutdown()
         plain = _threads_and_fds()
         rpcnb.init(1, ucx=True, shm=False)
         rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
         assert ucx.stats()["endpoints"] == 1
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         rpcnb.shutdown()
         assert ucx.stats()["endpoints"] == 0 and not ucx.is_active()
         assert ucx._worker is None and ucx._ctx is None
@@ -476,7 +477,7 @@ def test_nothing_left_after_shutdown(no_api_group):
         warm = launch.current_launcher()  # stays for the next group, by design
         assert not [p for p in seen if pid_alive(p) and (warm is None or p != warm.pid)]
     finally:
-        seen.update(children_of(os.getpid()))
+        seen.update(started_here())
         if state.is_initialized():
             rpcnb.shutdown()
         seen.kill()

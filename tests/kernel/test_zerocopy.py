@@ -16,7 +16,7 @@ import sys
 import cloudpickle
 import torch
 import torch.distributed.rpc as rpc
-from conftest import Seen, children_of, wait_until
+from conftest import Seen, started_here, wait_until
 from test_shm import bump_kept, keep, kept_sum, ns  # pickled by value, as this module's
 
 import rpcnb
@@ -99,7 +99,7 @@ def _start(**kwargs):
 
 
 def _stop(seen):
-    seen.update(children_of(os.getpid()))
+    seen.update(started_here())
     try:
         rpcnb.shutdown()
     finally:
