@@ -32,6 +32,13 @@ from bench.netsetup import veth_pair  # noqa: E402
 children_of = descendants
 
 
+def said(out: Output) -> str:
+    """What a cell that did not print what was asked said instead, in short."""
+    text = (f"{out.error['ename']}: {out.error['evalue']}" if out.error
+            else (out.stdout + out.stderr).strip())
+    return repr(text[-300:])
+
+
 def started_here() -> list[int]:
     """The processes that an rpcnb group of this test process (``rpcnb.init`` here)
     started: its warm launcher, or its worker processes, with their descendants. Not every
@@ -408,9 +415,7 @@ class SharedGroup:
         except (TimeoutError, OSError) as exc:
             return f"leaving its group: {exc!r}"
         if done.stdout.strip() != "True":
-            said = (f"{done.error['ename']}: {done.error['evalue']}" if done.error
-                    else (done.stdout + done.stderr).strip())
-            return f"leaving its group: {said[-300:]!r}"
+            return f"leaving its group: {said(done)}"
         left = stopped(workers, GRACE)
         return f"its workers {left} were alive {GRACE:.0f} s after it left" if left else ""
 
@@ -474,9 +479,9 @@ class SharedGroup:
             ok = k.execute(RESET, timeout=30, allow_error=True)
             k.execute("%reset -f", timeout=15)
             if ok.error is not None or ok.stdout.strip() != "True":
-                self.stop("its group could not be reset after the test")
-        except (TimeoutError, AssertionError, OSError):
-            self.stop("its group could not be reset after the test")
+                self.stop(f"its group could not be reset after the test: {said(ok)}")
+        except (TimeoutError, AssertionError, OSError) as exc:
+            self.stop(f"its group could not be reset after the test: {str(exc)[:300]!r}")
 
     def lend(self) -> Kernel:
         """The kernel with rpcnb loaded, in no group, its namespace empty: for a test that
@@ -503,13 +508,20 @@ class SharedGroup:
         if failed or not k.km.is_alive():
             self.stop("the test failed" if failed else "its kernel died in the test")
             return []
+        why = ""
         try:
-            ok = (k.execute(LEAVE, timeout=30, allow_error=True).stdout.strip() == "True" and
-                  k.execute(RESTORE.format(env=lent.env, cwd=lent.cwd), timeout=15,
-                            allow_error=True).stdout.strip() == "True")
-            k.execute("%reset -f", timeout=15)
-        except (TimeoutError, AssertionError, OSError):
-            ok = False
+            done = k.execute(LEAVE, timeout=30, allow_error=True)
+            if done.stdout.strip() != "True":
+                why = f"leaving its group: {said(done)}"
+            else:
+                done = k.execute(RESTORE.format(env=lent.env, cwd=lent.cwd), timeout=15,
+                                 allow_error=True)
+                if done.stdout.strip() != "True":
+                    why = f"restoring its environment: {said(done)}"
+                else:
+                    k.execute("%reset -f", timeout=15)
+        except (TimeoutError, AssertionError, OSError) as exc:
+            why = f"putting it back: {str(exc)[:300]!r}"
         k.scan()
         # what the test's groups started (seen since the lend: not a pid of before, which
         # another process may have by now)
@@ -518,9 +530,9 @@ class SharedGroup:
         left = stopped(started, GRACE)
         if left:
             kill_all(left)
-            ok = False
-        if not ok:
-            self.stop("it could not be put back as it was lent")
+            why = why or f"the test's processes {left} were left"
+        if why:
+            self.stop(f"to be given back: {why}")
         return left
 
     def stop(self, why: str = "") -> None:

@@ -13,11 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import worker_pids
+from conftest import Seen, worker_pids
 
 from rpcnb import errors
-from rpcnb.procs.processes import descendants, kill_all, pid_alive
+from rpcnb.procs.processes import descendants, pid_alive
 
 pytest.importorskip("ipyparallel", reason="ipyparallel is not installed (the test extra has it)")
 
@@ -90,6 +91,9 @@ def outside_cluster(tmp_path):
     controller and engines are stopped by pid at the end."""
     import ipyparallel as ipp
 
+    # ipyparallel starts the controller and the engines as children of this process: those
+    # are stopped, not every descendant (the shared kernel of rpcnb_kernel is one too)
+    before = Seen(c.pid for c in psutil.Process().children())
     cluster = ipp.Cluster(n=2, profile_dir=str(tmp_path / "outside"), log_level=40)
     cluster.start_cluster_sync()
     try:
@@ -97,13 +101,14 @@ def outside_cluster(tmp_path):
         rc.wait_for_engines(2, timeout=60)
         yield cluster, rc
     finally:
-        pids = descendants(os.getpid())
+        mine = Seen(c.pid for c in psutil.Process().children()).since(before)
+        mine |= [p for pid in mine.started for p in descendants(pid)]
         try:
             rc.close()
             cluster.stop_cluster_sync()
         except Exception:
             pass
-        kill_all(pids)
+        mine.kill()
 
 
 def test_attach_leaves_the_engines_running(rpcnb_kernel, outside_cluster):

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import pkgutil
 
 import pytest
-from conftest import children_of, stopped
+from conftest import started_here, stopped
 
 import rpcnb
 from rpcnb.procs import launch
@@ -23,11 +22,11 @@ from rpcnb.procs.processes import kill_all
 @pytest.fixture
 def launcher_stopped():
     """What the test started (the launcher, when it was not running) is stopped by pid."""
-    before = set(children_of(os.getpid()))
+    before = set(started_here())
     try:
         yield
     finally:
-        started = set(children_of(os.getpid())) - before
+        started = set(started_here()) - before
         launcher = launch.current_launcher()
         if launcher is not None and launcher.pid in started:
             launch.stop_launcher()  # the one this test started, not one it found running

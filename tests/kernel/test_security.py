@@ -96,7 +96,8 @@ def test_an_outsider_at_a_members_port_cannot_make_it_unpickle(group, tmp_path):
 
 
 @pytest.mark.serial  # a refusal is timed (within 5 s)
-def test_wrong_secret_or_version_is_refused_before_joining(group, kernel_factory):
+def test_wrong_secret_or_version_is_refused_before_joining(own_group, kernel_factory):
+    group = own_group  # bob joins it: the shared kernel, lent, with a group of its own
     path = join_file(group)
     conn = json.loads(open(path).read())
     eve = kernel_factory()
