@@ -89,8 +89,9 @@ def test_torch_rpc_test_passes_in_a_group(test_id: str, shared_group: Any, tmp_p
     suite, name = test_id.split(".")
     case = conformance.classify(suite, name)
     assert not case.why_not
+    shared_group.test = f"{__name__}::{test_id}"
     if case.fresh and shared_group.kernel is not None:  # torch's profiler leaves its state
-        shared_group.stop()
+        shared_group.stop("the case wants a fresh kernel (torch's profiler keeps its state)")
     kernel = shared_group.get()
     out = tmp_path / "result.json"
     try:
@@ -101,5 +102,5 @@ def test_torch_rpc_test_passes_in_a_group(test_id: str, shared_group: Any, tmp_p
     finally:  # a test that failed may have left its state: the next gets a new group
         if test_id not in DIFFERS and (not out.exists() or
                                        json.loads(out.read_text())["status"] != "pass"):
-            shared_group.stop()
+            shared_group.stop("the case failed (it may have left its state)")
     assert result["status"] == "pass", result["error"]
