@@ -410,6 +410,9 @@ class SharedGroup:
         assert k is not None
         workers = Seen(p for p in self.pids.values() if p != k.pid)
         self.running, self.pids = None, {}
+        if not k.km.is_alive():
+            proc = getattr(k.km.provisioner, "process", None)
+            return f"its kernel died (exit status {proc.poll() if proc else '?'})"
         try:
             done = k.execute(LEAVE, timeout=30, allow_error=True)
         except (TimeoutError, OSError) as exc:
@@ -418,11 +421,6 @@ class SharedGroup:
             return f"leaving its group: {said(done)}"
         left = stopped(workers, GRACE)
         return f"its workers {left} were alive {GRACE:.0f} s after it left" if left else ""
-
-    def died(self) -> str:
-        """How its kernel ended (its exit status; -9: killed by SIGKILL)."""
-        proc = getattr(self.kernel.km.provisioner, "process", None) if self.kernel else None
-        return f"its kernel died (exit status {proc.poll() if proc else '?'})"
 
     def healthy(self) -> bool:
         k = self.kernel
@@ -442,10 +440,8 @@ class SharedGroup:
         when it is alive and leaves the group it was in, else on a new one)."""
         if self.kernel is not None and self.running == self.init and not self.healthy():
             self.stop("its group was not healthy")
-        if self.kernel is not None and self.running != self.init:
-            why = self._leave() if self.kernel.km.is_alive() else self.died()
-            if why:
-                self.stop(f"for another %rpc_init line: {why}")
+        if self.kernel is not None and self.running != self.init and (why := self._leave()):
+            self.stop(f"for another %rpc_init line: {why}")
         k = self.kernel or self._start()
         if self.running != self.init:
             k.init_output = k.execute(self.init)
@@ -486,10 +482,8 @@ class SharedGroup:
     def lend(self) -> Kernel:
         """The kernel with rpcnb loaded, in no group, its namespace empty: for a test that
         starts (and may kill, restart or shut down) a group of its own."""
-        if self.kernel is not None:
-            why = self._leave() if self.kernel.km.is_alive() else self.died()
-            if why:
-                self.stop(f"to be lent: {why}")
+        if self.kernel is not None and (why := self._leave()):
+            self.stop(f"to be lent: {why}")
         k = self.kernel or self._start()
         env, cwd = k.value(WHERE)
         k.scan()
@@ -508,12 +502,9 @@ class SharedGroup:
         if failed or not k.km.is_alive():
             self.stop("the test failed" if failed else "its kernel died in the test")
             return []
-        why = ""
+        why = self._leave()
         try:
-            done = k.execute(LEAVE, timeout=30, allow_error=True)
-            if done.stdout.strip() != "True":
-                why = f"leaving its group: {said(done)}"
-            else:
+            if not why:
                 done = k.execute(RESTORE.format(env=lent.env, cwd=lent.cwd), timeout=15,
                                  allow_error=True)
                 if done.stdout.strip() != "True":

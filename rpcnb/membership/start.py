@@ -152,7 +152,7 @@ def self_info(s: Session) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "kind": runner.kind if runner is not None else "kernel",
+        "kind": s.kind,
         "devices": machine.cuda_devices(),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "") if runner and runner.on_main else "",
         "cells": runner.cells_run if runner is not None else 0,

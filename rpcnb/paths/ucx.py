@@ -128,7 +128,7 @@ def _config(s: Any) -> dict[str, str]:
     from rpcnb import machine
 
     config = {}
-    if s.one_host and _kernel(s) and not machine.cuda_devices() and \
+    if s.one_host and s.kind == "kernel" and not machine.cuda_devices() and \
             "UCX_RNDV_SCHEME" not in os.environ:
         # A kernel never copies from or into a peer's memory itself: as a receiver it asks
         # the sender to write (put), and a worker receiving from it reads (get, UCX's
@@ -141,12 +141,6 @@ def _config(s: Any) -> dict[str, str]:
         return config
     iface = os.environ.get("TP_SOCKET_IFNAME", "") if not s.one_host else ""
     return {**config, "NET_DEVICES": iface or "lo"}
-
-
-def _kernel(s: Any) -> bool:
-    """Whether this member of group ``s`` is a kernel (not a worker process, an engine or
-    a headless worker)."""
-    return s.runner is None or s.runner.kind == "kernel"
 
 
 def is_active() -> bool:

@@ -217,6 +217,12 @@ class Session:
         return self.name == self.leader
 
     @property
+    def kind(self) -> str:
+        """What this member is (%rpc_workers' kind): "kernel", "process" (a worker rpcnb
+        started), "engine", "headless" or "keeper"."""
+        return self.runner.kind if self.runner is not None else "kernel"
+
+    @property
     def one_host(self) -> bool:
         """Every member runs on this host (no --allow-remote): shared memory is possible."""
         return bool(self.options.get("one_host", True))
