@@ -35,7 +35,7 @@ from conftest import (
 )
 
 import rpcnb
-from rpcnb import errors
+from rpcnb import errors, machine
 from rpcnb.paths import shm, ucx
 from rpcnb.procs import launch
 from rpcnb.session import state
@@ -346,7 +346,7 @@ rpcnb.shutdown()
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed "
                     "(Debian's strace; make test installs it where it runs as root)")
-@pytest.mark.skipif(bool(__import__("rpcnb.machine").machine.cuda_devices()),
+@pytest.mark.skipif(bool(machine.cuda_devices()),
                     reason="with GPUs UCX keeps its own rendezvous scheme on one host")
 def test_on_one_host_the_kernel_never_copies_a_peers_memory_itself(tmp_path):
     """UCX has no peer error handling on one host: a process whose CMA copy fails because
