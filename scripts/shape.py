@@ -228,10 +228,38 @@ def measure_file(path: Path, shape: Shape) -> None:
                 shape.session_lock.append(Finding(f"{rel}:{node.lineno}", ast.unparse(node)))
 
 
+def _classes(root: Path) -> set[str]:
+    """The classes rpcnb defines whose objects can change (not frozen dataclasses, enums,
+    exceptions or named tuples)."""
+    found: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            frozen = any(isinstance(d, ast.Call) and any(
+                k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value
+                for k in d.keywords) for d in node.decorator_list)
+            bases = {_name_of(b) for b in node.bases}
+            if not frozen and not bases & {"Enum", "IntEnum", "StrEnum", "NamedTuple", "Exception"} \
+                    and not any(b.endswith(("Error", "Exception")) for b in bases):
+                found.add(node.name)
+    return found
+
+
 def measure(root: Path = PACKAGE) -> Shape:
     shape = Shape()
+    classes = _classes(root)
     for path in sorted(root.rglob("*.py")):
         measure_file(path, shape)
+        # an object of rpcnb's own made at import and kept by the module: one piece of
+        # state too (named and typed, which is better than loose dicts, but still one)
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) \
+                    and _name_of(node.value.func) in classes:
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                shape.module_state.append(Finding(f"{path.relative_to(ROOT)}:{node.lineno}",
+                                                  f"{ast.unparse(target)} = {_name_of(node.value.func)}(...)"))
     return shape
 
 
