@@ -258,8 +258,8 @@ def measure(root: Path = PACKAGE) -> Shape:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) \
                     and _name_of(node.value.func) in classes:
                 target = node.targets[0] if isinstance(node, ast.Assign) else node.target
-                shape.module_state.append(Finding(f"{path.relative_to(ROOT)}:{node.lineno}",
-                                                  f"{ast.unparse(target)} = {_name_of(node.value.func)}(...)"))
+                made = f"{ast.unparse(target)} = {_name_of(node.value.func)}(...)"
+                shape.module_state.append(Finding(f"{path.relative_to(ROOT)}:{node.lineno}", made))
     return shape
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from rpcnb import errors, progress, telemetry, text
 from rpcnb.cells import call
+from rpcnb.cells.messages import Done, Message, from_wire
 from rpcnb.cells.printer import Printer
 from rpcnb.errors import RpcnbError
 from rpcnb.session import protocol, state
@@ -163,7 +164,7 @@ class BackgroundCell:
             print(errors.BG_KEPT_NOTHING.format(id=self.id, workers=", ".join(self.workers)))
             return
         printer = Printer(False)
-        printer.items(self.workers[0], self.kept)
+        printer.show(self.workers[0], from_wire(self.kept))
         printer.finish()
 
     def _follow(self, s: state.Session, sent: call.Sent, timeout: float | None) -> None:
@@ -267,7 +268,7 @@ def _adopted(s: state.Session, worker: str, rec: dict[str, Any],
     if rec["ended"] is not None:
         job.ended, job.kept_ended = now - (now_wall - rec["ended"]), rec["status"]
     cid = rec["call_id"]
-    inbox: Any = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
     c = call.Call(cid, worker, inbox, next_seq=int(rec["next_seq"]))
     sent = call.Sent({cid: c}, inbox, telemetry.now(), time.perf_counter())
     with s.lock:
@@ -279,7 +280,7 @@ def _adopted(s: state.Session, worker: str, rec: dict[str, Any],
                                        timeout=None)
     except Exception as exc:
         c.future = _failed(exc)
-    c.future.add_done_callback(lambda _: inbox.put(("__done__", cid, -1, [])))
+    c.future.add_done_callback(lambda _: inbox.put(Done(cid)))
     threading.Thread(target=ctx.copy().run, args=(job._follow, s, sent, None),
                      name=f"rpcnb-bg-{job.id}", daemon=True).start()
     return job

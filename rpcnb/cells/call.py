@@ -12,48 +12,18 @@ import os
 import queue
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from rpcnb import errors, machine, progress, telemetry
-from rpcnb.cells import console, profiles
-from rpcnb.cells.output import large
-from rpcnb.cells.printer import Printer
-from rpcnb.cells.runner import NOT_STARTED
-from rpcnb.errors import RemoteError, WorkerDiedError, WorkerUnreachableError
+from rpcnb import errors, progress, telemetry, waiting
+from rpcnb.cells import profiles
+from rpcnb.cells.messages import Aside, Done, Output, from_wire
+from rpcnb.cells.waiter import INTERRUPT_GRACE, LOCAL, Call, Cancelled, Sent, wait  # noqa: F401 - the names callers know this module by
+from rpcnb.errors import RemoteError
 from rpcnb.paths import calls, zerocopy
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
-
-INTERRUPT_GRACE = 3.0  # seconds a cell gets to stop after an interrupt
-STOPPED_NOTICE = (
-    "rpcnb: {name} (pid {pid}) is stopped (SIGSTOP or a debugger), so the cell waits: "
-    "`kill -CONT {pid}` resumes it; interrupt the kernel to give up."
-)
-
-
-@dataclass
-class Call:
-    """One remote cell this process waits for, on one worker."""
-
-    call_id: str
-    worker: str
-    inbox: queue.SimpleQueue[tuple[str, str, int, list[Any]]]
-    future: Any = None
-    next_seq: int = 0
-    held: dict[int, list[Any]] = field(default_factory=dict)
-    result: Any = None
-    error: BaseException | None = None
-    done: bool = False
-    outputs: int = 0  # output batches the worker sent before its result
-    profile: dict[str, Any] | None = None  # with --profile: the worker's table and trace
-    ran: float = 0.0  # seconds the cell's code ran on the worker (its result's duration)
-    warned: bool = False
-    started: float = field(default_factory=time.monotonic)
-    position: Any = None  # the answer to "does it still wait in the queue?", while asked
 
 
 def run(target: str | Iterable[str] | None, source: str, *, fetch: bool = False,
@@ -160,7 +130,6 @@ def _collective_timeouts(s: Session, sent: Sent, names: list[str]) -> None:
     _reform(s)
 
 
-LOCAL = "local"  # the name of the notebook's own result with ``local=True``
 _LOCAL_RUNS = itertools.count(1)
 
 
@@ -207,79 +176,6 @@ def background_on(s: Session, names: list[str]) -> dict[str, list[int]]:
     return busy
 
 
-@dataclass
-class Sent:
-    """The calls of one remote cell, sent: what ``wait`` follows and ``outcome`` reads."""
-
-    calls: dict[str, Call]
-    inbox: queue.SimpleQueue[tuple[str, str, int, list[Any]]]
-    start: float
-    t0: float
-    timeout: float | None = None
-    late: list[str] = field(default_factory=list)  # still running when the wait gave up
-    transfers: progress.Transfers = field(default_factory=progress.Transfers)
-    interrupted: bool = False
-    local: tuple[Any, BaseException | None] | None = None  # run here too: (value, error)
-    sent_at: float = field(default_factory=time.monotonic)
-    told: set[str] = field(default_factory=set)  # workers already said to be busy
-    looked: bool = False  # every worker was asked whether the cell waits in its queue
-
-    def forget(self, s: Session) -> None:
-        """Stop routing output to these calls, and keep their timings."""
-        with s.lock:
-            for cid in self.calls:
-                s.calls.pop(cid, None)
-        elapsed = time.perf_counter() - self.t0
-        for call in self.calls.values():
-            # the cell's own run on the worker is not latency: kept apart (telemetry.Record.ran)
-            telemetry.record(call.worker, "cell", self.start, elapsed, ok=call.error is None,
-                             ran=min(call.ran, elapsed))
-
-    def interrupt(self, s: Session) -> None:
-        """Interrupt the cell on every worker still running it (or drop it from their
-        queues); once, whoever asks first (the waiting thread, or ``cancel()`` at once)."""
-        with s.lock:
-            if self.interrupted:
-                return
-            self.interrupted = True
-        for c in self.calls.values():
-            if not c.done and c.worker not in s.dead:
-                try:
-                    protocol.call_async(s.token, c.worker, "interrupt", c.call_id, timeout=5)
-                except Exception:
-                    pass
-
-    def outcome(self, many: bool) -> Any:
-        """The result (see ``run``), or the error to raise."""
-        if not many:  # one worker, nothing run here (most cells)
-            call = next(iter(self.calls.values()))
-            if call.error is None:
-                return call.result
-        failures = {c.worker: c.error for c in self.calls.values() if c.error is not None}
-        if self.local is not None and self.local[1] is not None:
-            failures[LOCAL] = self.local[1]
-        if failures:
-            remote = {w: e for w, e in failures.items() if isinstance(e, RemoteError)}
-            other = [e for e in failures.values() if not isinstance(e, RemoteError)]
-            if other:
-                exc: BaseException = other[0]
-            elif len(remote) == 1:
-                exc = next(iter(remote.values()))
-            else:
-                exc = errors.CompositeRemoteError(remote)
-            if many and isinstance(exc, errors.RpcnbError):  # nothing the others did is lost
-                exc.results = {c.worker: c.result for c in self.calls.values()
-                               if c.done and c.error is None} or None
-            raise exc
-        results = {c.worker: c.result for c in self.calls.values()}
-        if self.local is not None:
-            results[LOCAL] = self.local[0]
-        if many:
-            # statements only (no value anywhere): show nothing, as a single cell would
-            return results if any(r is not None for r in results.values()) else None
-        return next(iter(results.values()))
-
-
 def _reform(s: Session) -> None:
     """Form the workers' process group again (``membership.collectives.reform``); say so."""
     reform = getattr(s, "reform_collectives", None)
@@ -316,13 +212,10 @@ def _settle_collectives(s: Session) -> None:
     with s.lock:
         pending, s.collectives_pending = s.collectives_pending, []
     info = s.options.get("collectives") or {"timeout": 0}
-    deadline = time.monotonic() + float(info["timeout"]) + 30
-    while not all(f.done() for f in pending) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    waiting.until(lambda: all(f.done() for f in pending), float(info["timeout"]) + 30, 0.05)
     _reform(s)
 
 
-_NO_ITEMS: list[Any] = []  # a "__done__" message's items (never read)
 _AS_IS = contextlib.nullcontext()  # reusable: no context made per call where none is needed
 
 
@@ -360,8 +253,7 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
             # called with the future as its one argument, which put takes as ``block``: a
             # partial holds the GIL on torch's thread for less than a lambda, and the waiting
             # thread wakes as soon as that thread lets the GIL go (docs/benchmarks.md)
-            call.future.add_done_callback(
-                functools.partial(inbox.put, ("__done__", cid, -1, _NO_ITEMS)))
+            call.future.add_done_callback(functools.partial(inbox.put, Done(cid)))
     except BaseException:
         sent.transfers.close(ok=False)
         sent.forget(s)
@@ -385,199 +277,20 @@ def _push_error(push: dict[str, Any], exc: Exception) -> Exception:
 
 
 def deliver(s: Session, call_id: str, worker: str, seq: int, items: list[Any]) -> None:
-    """A batch of a remote cell's output arrived: hand it to the call that waits for it."""
+    """Batch ``seq`` of a remote cell's output arrived (as ``Capture`` sends it): hand it
+    to the call that waits for it."""
     with s.lock:
         call = s.calls.get(call_id)
     if call is not None:
-        call.inbox.put((call_id, worker, seq, items))
+        call.inbox.put(Output(call_id, worker, seq, from_wire(items)))
 
 
-def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,
-         cancel: threading.Event | None = None) -> None:
-    """Print the cell's output as it arrives until every call has ended. An interrupt of
-    this thread, ``timeout`` or ``cancel`` interrupts the cell on the workers; a worker
-    that has not stopped ``INTERRUPT_GRACE`` seconds later is left running it (listed in
-    ``sent.late``). KeyboardInterrupt, TimeoutError and ``Cancelled`` say which ended it.
-    """
-    calls, inbox = sent.calls, sent.inbox
-    sent.timeout = timeout
-    printer = Printer(prefix)
-
-    def on_progress(payload: dict[str, Any]) -> None:
-        worker = str(payload.get("worker", ""))
-        if payload.get("stage") == "received":
-            sent.transfers.end(worker)
-        elif payload.get("stage") == "sending":
-            sent.transfers.start(worker, f"--fetch from {worker}:", int(payload["bytes"]))
-
-    printer.on_progress = on_progress
-    deadline = None if timeout is None else time.monotonic() + timeout
-    interrupted_at: float | None = None
-    reason: BaseException | None = None
-
-    # only a notebook's own cell can ask its user: not a background cell's thread
-    here = threading.current_thread() is threading.main_thread()
-
-    def render(msg: tuple[str, str, int, list[Any]]) -> None:
-        cid, wname, seq, items = msg
-        if cid in ("__dead__", "__done__"):
-            return
-        if cid == "__ask__":  # a worker asks for input (rpcnb.cells.console)
-            console.take(items[0], here, interrupted_at is not None, printer.finish)
-            return
-        call = calls.get(cid)
-        if call is None:
-            return
-        if seq < 0:  # out of the batches' order (a transfer's progress): shown at once
-            printer.items(wname, items)
-            return
-        call.held[seq] = items
-        while call.next_seq in call.held:
-            batch = call.held.pop(call.next_seq)
-            printer.items(wname, batch)
-            call.next_seq += 1
-            printer.large = printer.large or large(batch)
-
-    def drain() -> None:
-        # Every batch was delivered before its cell's result was sent, so it is in the
-        # inbox by now; a batch still missing (its delivery timed out) gets 2 s more.
-        late = time.monotonic() + 2
-        while True:
-            if not inbox.empty():  # this thread alone takes from it: the get cannot wait
-                render(inbox.get_nowait())
-                continue
-            if all(c.next_seq >= c.outputs for c in calls.values()) or time.monotonic() > late:
-                return
-            try:
-                render(inbox.get(timeout=0.05))
-            except queue.Empty:
-                pass
-
-    def interrupt_all() -> None:
-        sent.interrupt(s)
-
-    try:
-        while True:
-            try:
-                try:
-                    render(inbox.get(timeout=0.05))
-                except queue.Empty:
-                    pass
-                pending = False
-                for call in calls.values():
-                    if not call.done:
-                        _check_call(s, call)
-                        pending = pending or not call.done
-                if not pending:
-                    drain()
-                    break
-                now = time.monotonic()
-                if here and not sent.looked:  # a background cell's queue: its handle's
-                    sent.looked = console.look_at_queues(s, calls, sent.told, now - sent.sent_at)
-                if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
-                    break
-                if cancel is not None and cancel.is_set() and interrupted_at is None:
-                    reason = Cancelled()
-                    interrupted_at = now
-                    interrupt_all()
-                if deadline is not None and now > deadline and interrupted_at is None:
-                    reason = TimeoutError()
-                    interrupted_at = now
-                    interrupt_all()
-            except KeyboardInterrupt:
-                if interrupted_at is not None:
-                    raise
-                reason = KeyboardInterrupt()
-                interrupted_at = time.monotonic()
-                interrupt_all()
-    finally:
-        if sent.transfers.open:
-            sent.transfers.close(ok=all(c.done and c.error is None for c in calls.values()))
-        printer.finish()
-        if printer.large:  # printed and flushed: give the memory back (docs: load)
-            machine.give_back_memory(min_interval=0)
-    sent.late = [c.worker for c in calls.values() if not c.done]
-    if reason is None and cancel is None:  # it ended by itself (most cells)
-        return
-    if reason is None and cancel is not None and cancel.is_set() and any(
-            isinstance(c.error, RemoteError) and c.error.ename == "KeyboardInterrupt"
-            for c in calls.values()):
-        reason = Cancelled()  # cancel() interrupted it before this thread looked
-    if isinstance(reason, KeyboardInterrupt):
-        console.interrupted(sent.late, [c.worker for c in calls.values() if isinstance(
-            c.error, RemoteError) and c.error.evalue == NOT_STARTED])
-    if isinstance(reason, Cancelled):
-        raise Cancelled(sent.late)
-    if isinstance(reason, TimeoutError):
-        stopped = [c.worker for c in calls.values()
-                   if c.done and isinstance(c.error, RemoteError)
-                   and c.error.ename == "KeyboardInterrupt"]
-        if sent.late:
-            raise TimeoutError(errors.CALL_TIMEOUT_RUNNING.format(
-                name=", ".join(sent.late), timeout=timeout, grace=INTERRUPT_GRACE,
-                first=sent.late[0]))
-        if stopped:
-            raise TimeoutError(errors.CALL_TIMEOUT.format(name=", ".join(stopped),
-                                                          timeout=timeout))
-
-
-class Cancelled(Exception):
-    """A background cell was cancelled; ``late``: the workers still running it."""
-
-    def __init__(self, late: list[str] | None = None) -> None:
-        self.late = list(late or [])
-        super().__init__(errors.CANCELLED_RUNNING.format(name=", ".join(self.late))
-                         if self.late else errors.CANCELLED)
-
-
-def _check_call(s: Session, call: Call) -> None:
-    """Finish ``call`` if its future is done or its worker is known dead or unreachable."""
-    fut = call.future
-    if fut.done():
-        call.done = True
-        try:
-            res = fut.wait()
-        except Exception as exc:
-            call.error = _call_failure(s, call.worker, exc)
-            return
-        if type(res) is tuple:  # it ran; no value, or one fetched (CellResult.wire)
-            call.ran, call.outputs = res[0], res[1]
-            call.result = res[2] if len(res) == 3 else None
-            return
-        call.outputs = res.outputs
-        call.profile = res.profile
-        call.ran = float(res.duration or 0.0)
-        if res.ok:
-            call.result = res.value if res.has_value and res.rref is None else res.rref
-        else:
-            call.error = RemoteError(res.worker, res.ename, res.evalue, res.traceback)
-        return
-    proc = s.procs.get(call.worker)
-    if proc is not None and not call.warned and time.monotonic() - call.started > 1.0 \
-            and proc.stopped():
-        call.warned = True
-        print(STOPPED_NOTICE.format(name=call.worker, pid=proc.pid), file=sys.stderr)
-    if call.worker in s.dead:
-        call.done = True
-        call.error = WorkerDiedError(s.death_message(call.worker), call.worker)
-    elif call.worker in s.unreachable:
-        call.done = True
-        call.error = WorkerUnreachableError(s.unreachable_message(call.worker), call.worker)
-
-
-def _call_failure(s: Session, worker: str, exc: BaseException) -> BaseException:
-    """Turn a transport error into 'worker X died (how)' when that is what happened."""
-    proc = s.procs.get(worker)
-    if proc is not None and not proc.left:
-        # The watcher notices the exit within a fraction of a second, and cleans up.
-        deadline = time.monotonic() + 3
-        while worker not in s.dead and time.monotonic() < deadline:
-            time.sleep(0.02)
-    if worker in s.dead:
-        return WorkerDiedError(s.death_message(worker), worker)
-    if worker in s.unreachable:
-        return WorkerUnreachableError(s.unreachable_message(worker), worker)
-    return WorkerDiedError(f"The call to {worker!r} failed: {exc}", worker)
+def aside(s: Session, call_id: str, worker: str, items: list[Any]) -> None:
+    """Output outside a cell's batches (a transfer's progress): shown when it arrives."""
+    with s.lock:
+        call = s.calls.get(call_id)
+    if call is not None:
+        call.inbox.put(Aside(call_id, worker, from_wire(items)))
 
 
 def interrupt(worker: str) -> None:

@@ -348,7 +348,7 @@ def route(s: Any, call_id: str | None, q: Question) -> None:
     if call is None:  # the cell was given up on meanwhile
         q.reply(NONE, errors.INPUT_GIVEN_UP)
         return
-    call.inbox.put(("__ask__", call_id, -1, [q]))
+    call.ask(q)
 
 
 def take(q: Question, here: bool, interrupted: bool, finish_output: Any) -> None:

@@ -100,10 +100,10 @@ class Capture:
             self._items.append(("progress", payload))
 
     def out_of_band(self, kind: str, payload: dict[str, Any]) -> None:
-        """Send one item now, outside the batches' order (seq -1): nothing waits for it."""
+        """Send one item now, outside the batches' order: nothing waits for it."""
         with contextlib.suppress(Exception):  # the caller is gone: nobody to show it
-            protocol.call_async(self.token, self.caller, "deliver", self.call_id,
-                                self.worker, -1, [(kind, payload)], timeout=None)
+            protocol.call_async(self.token, self.caller, "aside", self.call_id,
+                                self.worker, [(kind, payload)], timeout=None)
 
     def hold(self) -> None:
         """Keep what the cell prints from now on instead of sending it: its caller is gone."""

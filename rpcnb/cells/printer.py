@@ -8,8 +8,10 @@ show as two moving lines.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+from rpcnb.cells.messages import Clear, Comm, Display, Item, Progress, Stream
 from rpcnb.cells.output import shell
 
 _comm_relay: Any = None  # rpcnb.cells.comms.relay, once that module is loaded
@@ -54,7 +56,6 @@ class Printer:
         self.live: dict[tuple[str, str], Any] = {}  # the region of a line being rewritten
         self.regions = prefix and _in_kernel()
         self.wrote = False
-        self.large = False  # a large batch went through: give memory back at the end
         self.on_progress: Any = None  # called with a "progress" item's payload
 
     def stream(self, worker: str, name: str, text: str) -> None:
@@ -94,38 +95,45 @@ class Printer:
         except Exception:
             pass
 
-    def display(self, kind: str, payload: dict[str, Any], worker: str = "") -> None:
-        if kind == "comm":  # a worker's widget talks to the front end (rpcnb.cells.comms)
-            if _comm_relay is not None:
-                _comm_relay(worker, payload)
-            return
-        if kind == "progress":  # a transfer's stages (rpcnb.progress.Transfers)
-            if self.on_progress is not None:
-                self.on_progress(payload)
-            return
+    def _display(self, worker: str, item: Display) -> None:
+        payload = item.payload
         self.wrote = True
-        try:
-            from IPython.display import clear_output, publish_display_data
-        except ImportError:  # pragma: no cover
-            return
         if shell() is None:
-            if kind == "display":
-                print(payload["data"].get("text/plain", ""))
+            print(payload["data"].get("text/plain", ""))
             return
-        if kind == "clear":
-            clear_output(wait=payload.get("wait", False))
-        else:
-            publish_display_data(payload["data"], payload.get("metadata") or None,
-                                 transient=payload.get("transient") or None,
-                                 update=payload.get("update", False))
+        from IPython.display import publish_display_data
 
-    def items(self, worker: str, items: list[Any]) -> None:
+        publish_display_data(payload["data"], payload.get("metadata") or None,
+                             transient=payload.get("transient") or None,
+                             update=payload.get("update", False))
+
+    def _clear(self, worker: str, item: Clear) -> None:
+        self.wrote = True
+        if shell() is not None:
+            from IPython.display import clear_output
+
+            clear_output(wait=item.wait)
+
+    def _comm(self, worker: str, item: Comm) -> None:
+        """A worker's widget talks to the front end (rpcnb.cells.comms)."""
+        if _comm_relay is not None:
+            _comm_relay(worker, item.payload)
+
+    def _progress(self, worker: str, item: Progress) -> None:
+        """A transfer's stages (rpcnb.progress.Transfers)."""
+        if self.on_progress is not None:
+            self.on_progress(item.payload)
+
+    def _stream(self, worker: str, item: Stream) -> None:
+        self.stream(worker, item.name, item.text)
+
+    SHOWS: ClassVar[dict[type, Callable[[Printer, str, Any], None]]] = {
+        Stream: _stream, Display: _display, Clear: _clear, Comm: _comm, Progress: _progress}
+
+    def show(self, worker: str, items: list[Item]) -> None:
         """One batch of ``worker``'s output, in order."""
-        for kind, payload in items:
-            if kind in ("stdout", "stderr"):
-                self.stream(worker, kind, payload)
-            else:
-                self.display(kind, payload, worker)
+        for item in items:
+            self.SHOWS[type(item)](self, worker, item)
 
     def finish(self) -> None:
         for (worker, name), rest in self.partial.items():

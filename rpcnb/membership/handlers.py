@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rpcnb import telemetry
-from rpcnb.cells import call, comms, console, output, printer
+from rpcnb.cells import call, comms, console, messages, output, printer
 from rpcnb.cells.runner import Job
 from rpcnb.membership import collectives, leave, resize, start, view
 from rpcnb.observe import channels, doctor, names, stacks, values
@@ -91,10 +91,17 @@ def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[
     worker process outside any cell: shown wherever this process is)."""
     if call_id is None:
         lines = printer.Printer(prefix=True)
-        lines.items(worker, [(k, p) for k, p in items if k in ("stdout", "stderr", comms.KIND)])
+        lines.show(worker, [i for i in messages.from_wire(items)
+                            if isinstance(i, (messages.Stream, messages.Comm))])
         lines.finish()
         return
     call.deliver(s, call_id, worker, seq, items)
+
+
+def aside(s: Session, call_id: str, worker: str, items: list[Any]) -> None:
+    """Output of a cell this process sent, outside its batches' order (a transfer's
+    progress): shown when it arrives."""
+    call.aside(s, call_id, worker, items)
 
 
 def comm(s: Session, comm_id: str, kind: str, msg: dict[str, Any]) -> bool:
@@ -272,6 +279,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "run_cell": run_cell,
     "interrupt": interrupt,
     "deliver": deliver,
+    "aside": aside,
     "ask": ask,
     "adopt": adopt,
     "orphan_result": orphan_result,

@@ -251,7 +251,7 @@ class Session:
                 m.alive, m.how = False, how
             waiting = [c for c in self.calls.values() if c.worker == name]
         for call in waiting:
-            call.inbox.put(("__dead__", name, -1, []))
+            call.gone()
 
     def mark_unreachable(self, name: str, since: float) -> None:
         """``name``'s host has sent nothing since ``since`` (``time.time()``): wake every
@@ -262,7 +262,7 @@ class Session:
             waiting = [c for c in self.calls.values() if c.worker == name]
             plain = list(self.in_flight.get(name, ()))
         for call in waiting:
-            call.inbox.put(("__dead__", name, -1, []))
+            call.gone()
         if plain:
             message = self.unreachable_message(name)
             for p in plain:
