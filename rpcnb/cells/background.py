@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rpcnb import errors, progress, telemetry, text
-from rpcnb.cells import call
+from rpcnb.cells import call, comms
 from rpcnb.cells.messages import Done, Message, from_wire
 from rpcnb.cells.printer import Printer
 from rpcnb.errors import RpcnbError
@@ -163,7 +163,7 @@ class BackgroundCell:
         if not self.kept:
             print(errors.BG_KEPT_NOTHING.format(id=self.id, workers=", ".join(self.workers)))
             return
-        printer = Printer(False)
+        printer = Printer(False, on_comm=comms.relay)
         printer.show(self.workers[0], from_wire(self.kept))
         printer.finish()
 

@@ -17,12 +17,13 @@ that ``ipywidgets.Output`` (``interact`` shows its results there), not into the 
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any
 
 from rpcnb import progress
-from rpcnb.cells import output, printer
+from rpcnb.cells import output
 from rpcnb.session import protocol, state
 
 KIND = "comm"  # an output item of this kind carries a comm message
@@ -38,16 +39,10 @@ PACKAGES = {"ipywidgets": "ipywidgets", "anywidget": "anywidget", "IProgress": "
 
 # -- on a worker ---------------------------------------------------------------------------
 
-_installed = False
-
-
+@functools.cache  # once per process
 def install_worker() -> None:
     """Comms made in this process (a worker process: no front end of its own) are relayed
     to the member whose cell made them (once; nothing is imported until a widget is made)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
     try:
         import comm
     except ImportError:  # no widget library can work without it
@@ -60,31 +55,27 @@ def _create_comm(*args: Any, **kwargs: Any) -> Any:
     return _forwarded_class()(*args, **kwargs)
 
 
-_classes: dict[str, Any] = {}
-
-
+@functools.cache  # made at the first widget: comm is imported then
 def _forwarded_class() -> Any:
-    if "comm" not in _classes:
-        from comm.base_comm import BaseComm
+    from comm.base_comm import BaseComm
 
-        class ForwardedComm(BaseComm):
-            """A comm whose other end is the notebook's front end, through the kernel."""
+    class ForwardedComm(BaseComm):
+        """A comm whose other end is the notebook's front end, through the kernel."""
 
-            def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None,
-                            buffers: Any = None, **keys: Any) -> None:
-                cap = output.router.current()
-                if cap is None:
-                    return  # outside any cell, and no one to send it to
-                cap.display(KIND, {
-                    "type": msg_type, "comm_id": self.comm_id, "data": data or {},
-                    "metadata": metadata or {},
-                    "buffers": [bytes(b) for b in buffers or ()],
-                    "target_name": keys.get("target_name", self.target_name),
-                    "target_module": keys.get("target_module", self.target_module),
-                })
+        def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None,
+                        buffers: Any = None, **keys: Any) -> None:
+            cap = output.router.current()
+            if cap is None:
+                return  # outside any cell, and no one to send it to
+            cap.display(KIND, {
+                "type": msg_type, "comm_id": self.comm_id, "data": data or {},
+                "metadata": metadata or {},
+                "buffers": [bytes(b) for b in buffers or ()],
+                "target_name": keys.get("target_name", self.target_name),
+                "target_module": keys.get("target_module", self.target_module),
+            })
 
-        _classes["comm"] = ForwardedComm
-    return _classes["comm"]
+    return ForwardedComm
 
 
 def incoming(comm_id: str, kind: str, msg: dict[str, Any]) -> bool:
@@ -108,19 +99,16 @@ def incoming(comm_id: str, kind: str, msg: dict[str, Any]) -> bool:
     return True
 
 
-_output_patched = False
-
-
 def _patch_output_widget() -> None:
     """``with out:`` for an ``ipywidgets.Output`` on a worker sends what is printed or
     displayed inside into ``out`` (in a kernel the front end does this by message id,
-    which a worker's output does not carry)."""
-    global _output_patched
+    which a worker's output does not carry). Once ipywidgets is imported; the class says
+    it was patched."""
     mod = sys.modules.get("ipywidgets.widgets.widget_output")
-    if _output_patched or mod is None:
+    if mod is None or getattr(mod.Output, "rpcnb_patched", False):
         return
-    _output_patched = True
     cls = mod.Output
+    cls.rpcnb_patched = True
 
     def enter(self: Any) -> Any:
         stack = output.router.widget_outputs()
@@ -284,4 +272,3 @@ def worker_died(worker: str) -> None:
     relayed.close_of(worker)
 
 
-printer.set_comm_relay(relay)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bdb
 import builtins
+import functools
 import getpass
 import io
 import os
@@ -238,17 +239,10 @@ def post_mortem(kind: str = "cell") -> None:
     p.interaction(None, failure.tb)
 
 
-_installed = threading.Lock()
-_done: list[bool] = []
-
-
+@functools.cache  # once per process, from its main thread as it starts
 def install_worker() -> None:
     """In a worker process: ``input``, ``getpass``, ``sys.stdin``, ``breakpoint()`` and
     ``pdb.set_trace`` go to the notebook (once; after the worker read its secret)."""
-    with _installed:
-        if _done:
-            return
-        _done.append(True)
     router.on_call_failure = lambda exc, func: kept.keep("call", exc, f"call of {func}")
     builtins.input = remote_input
     getpass.getpass = remote_getpass

@@ -16,6 +16,7 @@ Where the cell was asked for, ``rpcnb.cells.printer`` writes each batch into the
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -523,19 +524,16 @@ def capture_call(func: Any, sender: str) -> Any:
     if s is None or s.runner is None or not s.runner.on_main:
         # a kernel: what it prints is already in its own notebook's running cell
         return func
-    key = (func, sender, s.token)
     try:
-        run = _wrapped.get(key)
+        return _wrapper(func, sender, s.name, s.token)
     except TypeError:  # a callable object that cannot be hashed
         return _capturing(func, (None, sender, s.name, s.token))
-    if run is None:
-        if len(_wrapped) > 256:  # functions sent by value arrive as new objects each time
-            _wrapped.clear()
-        run = _wrapped[key] = _capturing(func, (None, sender, s.name, s.token))
-    return run
 
 
-_wrapped: dict[tuple[Any, str, str], Any] = {}
+# functions sent by value arrive as new objects each time: the least recently used go
+@functools.lru_cache(maxsize=256)
+def _wrapper(func: Any, sender: str, me: str, token: str) -> Any:
+    return _capturing(func, (None, sender, me, token))
 
 
 def _capturing(func: Any, pending: tuple[None, str, str, str]) -> Any:

@@ -14,14 +14,6 @@ from typing import Any, ClassVar
 from rpcnb.cells.messages import Clear, Comm, Display, Item, Progress, Stream
 from rpcnb.cells.output import shell
 
-_comm_relay: Any = None  # rpcnb.cells.comms.relay, once that module is loaded
-
-
-def set_comm_relay(relay: Any) -> None:
-    """Who takes a worker's comm messages in the member that shows its output."""
-    global _comm_relay
-    _comm_relay = relay
-
 
 def visible(line: str) -> str:
     """What a terminal shows of one line (no ``\n``): the part after its last ``\r``."""
@@ -48,10 +40,13 @@ class Printer:
     ends, except a line rewritten with carriage returns (a progress bar): in a notebook it
     gets a region of its own per worker and stream (a display updated in place, marked with
     the worker's name), which keeps the line once it ends; elsewhere only ended lines are
-    written."""
+    written. ``on_comm``: who takes a worker's widget messages (``rpcnb.cells.comms.relay``,
+    which sits above this module)."""
 
-    def __init__(self, prefix: bool) -> None:
+    def __init__(self, prefix: bool, on_comm: Callable[[str, dict[str, Any]], None] | None
+                 = None) -> None:
         self.prefix = prefix
+        self.on_comm = on_comm
         self.partial: dict[tuple[str, str], str] = {}
         self.live: dict[tuple[str, str], Any] = {}  # the region of a line being rewritten
         self.regions = prefix and _in_kernel()
@@ -116,8 +111,8 @@ class Printer:
 
     def _comm(self, worker: str, item: Comm) -> None:
         """A worker's widget talks to the front end (rpcnb.cells.comms)."""
-        if _comm_relay is not None:
-            _comm_relay(worker, item.payload)
+        if self.on_comm is not None:
+            self.on_comm(worker, item.payload)
 
     def _progress(self, worker: str, item: Progress) -> None:
         """A transfer's stages (rpcnb.progress.Transfers)."""

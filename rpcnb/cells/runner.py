@@ -407,9 +407,9 @@ def plain_python(source: str) -> bool:
 def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None) -> tuple[Any, bool]:
     """Execute a cell; return (value of the last expression, whether there was one)."""
     # a cell found plain before (a loop of ``rpcnb.run(w, "step()")``) is not tested again
-    plain = shell is None or source in _PLAIN
+    plain = shell is None or source in COMPILED.plain
     if plain:
-        kept = _CODE.get(source)
+        kept = COMPILED.code.get(source)
         if kept is not None and kept[3] is not None:
             # run before, and with no code of its own: its code runs as compiled for the
             # first run (a code object made for each run cost about a tenth of a no-op
@@ -432,14 +432,12 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
     else:
         plain = True
         if len(source) < 4096:
-            if len(_PLAIN) >= _CODE_KEPT:
-                _PLAIN.clear()
-            _PLAIN.add(source)
+            COMPILED.keep_plain(source)
     lines = linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     body, last, leaf = _compiled(source, filename, lines if plain else None)
     exec(body, ns)
     value, has_value = (None, False) if last is None else (eval(last, ns), True)
-    kept = _CODE.get(source)
+    kept = COMPILED.code.get(source)
     if leaf and linecache.cache.get(filename) is lines and (kept is None or kept[3] is not lines):
         # it ran, and made no code object (function, class, lambda, generator expression;
         # a comprehension before Python 3.12, which inlines them) that would keep its name:
@@ -451,11 +449,37 @@ def run_source(source: str, filename: str, ns: dict[str, Any], shell: Any = None
     return value, has_value
 
 
-# source -> its compiled body, its last expression, whether neither holds code of its own,
-# and, for a plain cell with none, its lines as linecache holds them (its first run's name)
-_CODE: dict[str, tuple[Any, Any, bool, Any]] = {}
 _CODE_KEPT = 256
-_PLAIN: set[str] = set()  # cells found plain Python (``plain_python``), as many as _CODE
+
+
+class CompiledCells:
+    """The cells this process has compiled, by source, so that one run again is not parsed
+    and compiled again (``_CODE_KEPT`` of each, then all are dropped at once; kept for the
+    process, whatever group it is in)."""
+
+    def __init__(self) -> None:
+        # source -> its compiled body, its last expression, whether neither holds code of
+        # its own, and, for a plain cell with none, its lines as linecache holds them (its
+        # first run's name)
+        self.code: dict[str, tuple[Any, Any, bool, Any]] = {}
+        self.plain: set[str] = set()  # cells found plain Python (``plain_python``)
+
+    def keep_plain(self, source: str) -> None:
+        if len(self.plain) >= _CODE_KEPT:
+            self.plain.clear()
+        self.plain.add(source)
+
+    def keep(self, source: str, entry: tuple[Any, Any, bool, Any]) -> None:
+        if len(self.code) >= _CODE_KEPT:
+            for *_, lines in list(self.code.values()):  # a kept cell's lines go with it
+                name = None if lines is None else lines[3]
+                if name is not None and linecache.cache.get(name) is lines:
+                    linecache.cache.pop(name, None)
+            self.code.clear()
+        self.code[source] = entry
+
+
+COMPILED = CompiledCells()
 
 
 def _compiled(source: str, filename: str, lines: Any) -> tuple[Any, Any, bool]:
@@ -464,7 +488,7 @@ def _compiled(source: str, filename: str, lines: Any) -> tuple[Any, Any, bool]:
     cell run again is parsed and compiled once; one with code of its own has it renamed
     after the new cell (a function keeps the name of the run that made it). ``lines``:
     the linecache entry of a plain cell, kept with a code that needs no renaming."""
-    kept = _CODE.get(source)
+    kept = COMPILED.code.get(source)
     if kept is not None:
         body, last, leaf, _ = kept
         return (_renamed(body, filename), None if last is None else _renamed(last, filename),
@@ -479,13 +503,7 @@ def _compiled(source: str, filename: str, lines: Any) -> tuple[Any, Any, bool]:
     leaf = not any(type(c) is types.CodeType
                    for code in (body, last) if code is not None for c in code.co_consts)
     if len(source) < 4096:
-        if len(_CODE) >= _CODE_KEPT:
-            for *_, entry in list(_CODE.values()):  # a kept cell's lines go with it
-                name = None if entry is None else entry[3]
-                if name is not None and linecache.cache.get(name) is entry:
-                    linecache.cache.pop(name, None)
-            _CODE.clear()
-        _CODE[source] = (body, last, leaf, lines if leaf else None)
+        COMPILED.keep(source, (body, last, leaf, lines if leaf else None))
     return body, last, leaf
 
 
@@ -514,7 +532,7 @@ def format_exception(exc: BaseException, filename: str) -> str:
     ran_as: Any = getattr(exc, "_rpcnb_ran_as", None)
     first = filename if ran_as is None else ran_as[3]
     added = ran_as is not None and linecache.cache.get(first) is not ran_as
-    if added:  # the cell cleared linecache, or its code was dropped from _CODE meanwhile
+    if added:  # the cell cleared linecache, or its code was dropped from COMPILED meanwhile
         linecache.cache[first] = ran_as
     try:
         te = traceback.TracebackException.from_exception(exc)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rpcnb import errors, machine, progress, telemetry, waiting
-from rpcnb.cells import console
+from rpcnb.cells import comms, console
 from rpcnb.cells.messages import Aside, Ask, Done, Gone, Item, Message, Output, stream_chars
 from rpcnb.cells.output import LARGE_OUTPUT
 from rpcnb.cells.printer import Printer
@@ -188,7 +188,7 @@ class Waiter:
         self.timeout = timeout
         self.deadline = waiting.Deadline.after(timeout)
         self.cancel = cancel
-        self.printer = Printer(prefix)
+        self.printer = Printer(prefix, on_comm=comms.relay)
         self.printer.on_progress = self._transfer
         self.interrupted_at: float | None = None  # when the waiter interrupted the workers
         self.reason: BaseException | None = None  # what made it: an interrupt, the time...

@@ -111,18 +111,16 @@ def install(ip: Any) -> None:
     debug.__doc__ = (line.__doc__ or "") + (
         "\n\nrpcnb: after a remote cell failed, %debug opens pdb on the worker's frames; "
         "%debug WORKER on that worker's last failure.")
+    debug.rpcnb_originals = (line, cell)  # type: ignore[attr-defined]  # uninstall's
     ip.register_magic_function(debug, "line_cell", "debug")
-    _originals[id(ip)] = (line, cell)
-
-
-_originals: dict[int, tuple[Any, Any]] = {}  # per shell: IPython's own %debug, line and cell
 
 
 def uninstall(ip: Any) -> None:
     """IPython's own ``debugger`` and ``%debug`` again (``%unload_ext rpcnb``)."""
     if getattr(ip.debugger, "rpcnb_remote", False):
         del ip.debugger
-    found = _originals.pop(id(ip), None)
+    # IPython's own %debug, line and cell, kept by the one rpcnb put in its place
+    found = getattr(ip.magics_manager.magics["line"].get("debug"), "rpcnb_originals", None)
     if found is not None:
         ip.magics_manager.magics["line"]["debug"] = found[0]
         ip.magics_manager.magics["cell"]["debug"] = found[1]

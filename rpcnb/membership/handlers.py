@@ -90,7 +90,7 @@ def deliver(s: Session, call_id: str | None, worker: str, seq: int, items: list[
     """A batch of output from a cell this process sent (or, with ``call_id=None``, from a
     worker process outside any cell: shown wherever this process is)."""
     if call_id is None:
-        lines = printer.Printer(prefix=True)
+        lines = printer.Printer(prefix=True, on_comm=comms.relay)
         lines.show(worker, [i for i in messages.from_wire(items)
                             if isinstance(i, (messages.Stream, messages.Comm))])
         lines.finish()

@@ -124,7 +124,7 @@ def test_the_name_of_a_run_holds_through_chained_errors_and_a_code_cache_cleared
     ns["busy"] = True
     with pytest.raises(ZeroDivisionError) as caught:
         runner.run_source(cell, "<w evicted 2>", ns, shell)
-    assert cell not in runner._CODE  # dropped while it ran
+    assert cell not in runner.COMPILED.code  # dropped while it ran
     tb = runner.format_exception(caught.value, "<w evicted 2>")
     assert 'File "<w evicted 2>", line 2' in tb and "1 / 0" in tb, tb
 
