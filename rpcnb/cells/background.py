@@ -131,7 +131,7 @@ class BackgroundCell:
             return f"failed: {getattr(self._error, 'ename', '') or type(self._error).__name__}"
         waiting = []
         s = state.active()
-        jobs = dict(s.background) if s is not None else {}
+        jobs = s.jobs() if s is not None else {}
         for worker, ids in self.behind.items():
             left = [f"[{i}]" for i in ids if i in jobs and not jobs[i].ready()]
             if left and worker in self.pending_workers():
@@ -226,13 +226,10 @@ def start(target: str | Iterable[str] | None, source: str, *, fetch: bool = Fals
     s = state.current()
     names, many = call.prepare(s, target, source, timeout)
     behind = call.background_on(s, names)
-    with s.lock:
-        s.jobs_started += 1
-        job = BackgroundCell(s.jobs_started, names, source, many, behind)
+    job = BackgroundCell(s.next_job_id(), names, source, many, behind)
     sent = call.send(s, names, source, fetch, push, zero_copy)
     job._sent = sent
-    with s.lock:
-        s.background[job.id] = job
+    s.add_job(job)
     ctx = contextvars.copy_context()  # the starting cell's: its output goes there
     threading.Thread(target=ctx.run, args=(job._follow, s, sent, timeout),
                      name=f"rpcnb-bg-{job.id}", daemon=True).start()
@@ -259,9 +256,7 @@ def adopt(s: state.Session, timeout: float = ASK_S) -> list[BackgroundCell]:
 
 def _adopted(s: state.Session, worker: str, rec: dict[str, Any],
              ctx: contextvars.Context) -> BackgroundCell:
-    with s.lock:
-        s.jobs_started += 1
-        job = BackgroundCell(s.jobs_started, [worker], rec["source"], False, {})
+    job = BackgroundCell(s.next_job_id(), [worker], rec["source"], False, {})
     job.origin, job.kept = rec["caller"], list(rec["kept"])
     now_wall, now = time.time(), time.monotonic()
     job.started = now - (now_wall - rec["since"])
@@ -271,9 +266,8 @@ def _adopted(s: state.Session, worker: str, rec: dict[str, Any],
     inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
     c = call.Call(cid, worker, inbox, next_seq=int(rec["next_seq"]))
     sent = call.Sent({cid: c}, inbox, telemetry.now(), time.perf_counter())
-    with s.lock:
-        s.calls[cid] = c  # its output is delivered to it from now on
-        s.background[job.id] = job
+    s.add_call(c)  # its output is delivered to it from now on
+    s.add_job(job)
     job._sent = sent
     try:
         c.future = protocol.call_async(s.token, worker, "orphan_result", cid, s.name,
@@ -358,8 +352,7 @@ def jobs(include_ended: bool = True) -> list[BackgroundCell]:
         rpcnb.RpcnbError: this process is in no group.
     """
     s = state.current()
-    with s.lock:
-        found = sorted(s.background.values(), key=lambda j: j.id)
+    found = sorted(s.jobs().values(), key=lambda j: j.id)
     # a cell that ended while no kernel was attached is news to this one: listed as well
     return [j for j in found if include_ended or not j.ready() or j.kept_ended]
 
@@ -368,12 +361,11 @@ def show(job_id: int) -> None:
     """``%rpc_jobs ID``: the cell's row, what an adopted cell printed while no kernel was
     attached, and how it ended (its value, or its error and remote traceback)."""
     s = state.current()
-    with s.lock:
-        job = s.background.get(job_id)
-        known = sorted(s.background)
+    known = s.jobs()
+    job = known.get(job_id)
     if job is None:
         raise RpcnbError(errors.NO_SUCH_JOB.format(
-            id=job_id, known=", ".join(f"[{i}]" for i in known) or "none"))
+            id=job_id, known=", ".join(f"[{i}]" for i in sorted(known)) or "none"))
     print(JobTable([job]))
     if job.origin:
         print(errors.BG_KEPT_HEADER.format(workers=", ".join(job.workers), origin=job.origin))

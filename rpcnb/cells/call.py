@@ -165,11 +165,7 @@ def prepare(s: Session, target: str | Iterable[str] | None, source: str,
 def background_on(s: Session, names: list[str]) -> dict[str, list[int]]:
     """The ids of the background cells still running (or queued) on each of ``names``."""
     busy: dict[str, list[int]] = {}
-    if not s.background:  # none was ever started (most sessions): no lock to take
-        return busy
-    with s.lock:
-        jobs = [j for j in s.background.values() if not j.ready()]
-    for job in jobs:
+    for job in [j for j in s.jobs().values() if not j.ready()]:
         for w in job.pending_workers():
             if w in names:
                 busy.setdefault(w, []).append(job.id)
@@ -197,8 +193,7 @@ def _left_in_a_collective(s: Session, sent: Sent) -> None:
     late = [c for c in sent.calls.values() if not c.done and c.future is not None]
     if not info or not late:
         return
-    with s.lock:
-        s.collectives_pending.extend(c.future for c in late)
+    s.left_in_collectives(c.future for c in late)
     print(errors.COLLECTIVE_LEFT_WAITING.format(
         workers=", ".join(c.worker for c in late), verb="waits" if len(late) == 1 else "wait",
         timeout=info["timeout"]), file=sys.stderr)
@@ -207,10 +202,9 @@ def _left_in_a_collective(s: Session, sent: Sent) -> None:
 def _settle_collectives(s: Session) -> None:
     """Before a cell: the cells left inside a collective have ended (within the collective
     time limit), and the process group is formed again, so the ranks are in step."""
-    if not s.collectives_pending:  # every cell passes here: nothing to do, no lock
+    pending = s.take_collectives_left()
+    if not pending:  # every cell passes here: nothing to do
         return
-    with s.lock:
-        pending, s.collectives_pending = s.collectives_pending, []
     info = s.options.get("collectives") or {"timeout": 0}
     waiting.until(lambda: all(f.done() for f in pending), float(info["timeout"]) + 30, 0.05)
     _reform(s)
@@ -240,8 +234,7 @@ def send(s: Session, names: list[str], source: str, fetch: bool,
                 sent.transfers.start(name, f"--push to {name}:", pushed)
             call = Call(os.urandom(16).hex(), name, inbox)  # uuid4's bits, no UUID
             cid = call.call_id
-            with s.lock:
-                s.calls[cid] = call
+            s.add_call(call)
             sent.calls[cid] = call
             try:
                 with _AS_IS if zero_copy else zerocopy.copying():
@@ -279,16 +272,14 @@ def _push_error(push: dict[str, Any], exc: Exception) -> Exception:
 def deliver(s: Session, call_id: str, worker: str, seq: int, items: list[Any]) -> None:
     """Batch ``seq`` of a remote cell's output arrived (as ``Capture`` sends it): hand it
     to the call that waits for it."""
-    with s.lock:
-        call = s.calls.get(call_id)
+    call = s.call(call_id)
     if call is not None:
         call.inbox.put(Output(call_id, worker, seq, from_wire(items)))
 
 
 def aside(s: Session, call_id: str, worker: str, items: list[Any]) -> None:
     """Output outside a cell's batches (a transfer's progress): shown when it arrives."""
-    with s.lock:
-        call = s.calls.get(call_id)
+    call = s.call(call_id)
     if call is not None:
         call.inbox.put(Aside(call_id, worker, from_wire(items)))
 
@@ -305,7 +296,5 @@ def interrupt(worker: str) -> None:
         rpcnb.RpcnbError: this process is in no group.
     """
     s = state.current()
-    with s.lock:
-        ids = [c.call_id for c in s.calls.values() if c.worker == worker]
-    for cid in ids:
+    for cid in [c.call_id for c in s.calls_to(worker)]:
         protocol.call(s.token, worker, "interrupt", cid, timeout=5)

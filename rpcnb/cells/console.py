@@ -337,8 +337,7 @@ def route(s: Any, call_id: str | None, q: Question) -> None:
     if call_id is None:
         answer_call(q, can_ask_here())
         return
-    with s.lock:
-        call = s.calls.get(call_id)
+    call = s.call(call_id)
     if call is None:  # the cell was given up on meanwhile
         q.reply(NONE, errors.INPUT_GIVEN_UP)
         return

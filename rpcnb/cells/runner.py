@@ -383,8 +383,7 @@ def make_rref(me: str, value: Any) -> Any:
     if isinstance(value, torch.Tensor) and (shm.wants(value) or ucx.wants(value)):
         s = state.current()
         key = os.urandom(8).hex()
-        with s.lock:
-            s.parked[key] = value
+        s.park(key, value)
         return protocol.remote(s.token, me, "unpark", key)
     return rpc.RRef(value)
 

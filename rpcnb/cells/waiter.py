@@ -105,12 +105,12 @@ class Sent:
     sent_at: float = field(default_factory=time.monotonic)
     told: set[str] = field(default_factory=set)  # workers already said to be busy
     looked: bool = False  # every worker was asked whether the cell waits in its queue
+    # interrupt() is called by the waiting thread and by a background cell's cancel()
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def forget(self, s: Session) -> None:
         """Stop routing output to these calls, and keep their timings."""
-        with s.lock:
-            for cid in self.calls:
-                s.calls.pop(cid, None)
+        s.forget_calls(self.calls)
         elapsed = time.perf_counter() - self.t0
         for call in self.calls.values():
             # the cell's own run on the worker is not latency: kept apart (telemetry.Record.ran)
@@ -120,7 +120,7 @@ class Sent:
     def interrupt(self, s: Session) -> None:
         """Interrupt the cell on every worker still running it (or drop it from their
         queues); once, whoever asks first (the waiting thread, or ``cancel()`` at once)."""
-        with s.lock:
+        with self._lock:
             if self.interrupted:
                 return
             self.interrupted = True

@@ -93,8 +93,7 @@ def _running(s: Any) -> set[str]:
     """The workers running a remote cell of this kernel's now."""
     if s is None:
         return set()
-    with s.lock:
-        return {c.worker for c in s.calls.values()}
+    return {c.worker for c in s.calls_to()}
 
 
 class Publisher:

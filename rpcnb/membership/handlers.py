@@ -133,8 +133,7 @@ def collectives_end(s: Session) -> None:
 
 def unpark(s: Session, key: str) -> Any:
     """A value parked by ``make_rref``, now owned by the RRef this request creates."""
-    with s.lock:
-        return s.parked.pop(key)
+    return s.unpark(key)
 
 
 # -- the group ---------------------------------------------------------------------------

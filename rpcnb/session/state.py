@@ -330,6 +330,68 @@ class Session:
             msg += f"\nIts log ends with:\n{proc.log_tail(8)}"
         return msg
 
+    # -- the remote cells this process waits for (rpcnb.cells)
+    def add_call(self, call: Any) -> None:
+        """Route the output of ``call`` (a ``rpcnb.cells.waiter.Call``) to it from now on."""
+        with self.lock:
+            self.calls[call.call_id] = call
+
+    def call(self, call_id: str) -> Any:
+        """The call ``call_id`` this process waits for, or None (given up on, or ended)."""
+        with self.lock:
+            return self.calls.get(call_id)
+
+    def forget_calls(self, call_ids: Any) -> None:
+        """Output for these calls goes nowhere from now on."""
+        with self.lock:
+            for cid in call_ids:
+                self.calls.pop(cid, None)
+
+    def calls_to(self, worker: str | None = None) -> list[Any]:
+        """The calls this process waits for (on ``worker``, or on anyone)."""
+        with self.lock:
+            return [c for c in self.calls.values() if worker is None or c.worker == worker]
+
+    def next_job_id(self) -> int:
+        """The id of the next background cell this process sends (they count up from 1)."""
+        with self.lock:
+            self.jobs_started += 1
+            return self.jobs_started
+
+    def add_job(self, job: Any) -> None:
+        """A background cell this process sent (``rpcnb.cells.background``), by its id."""
+        with self.lock:
+            self.background[job.id] = job
+
+    def jobs(self) -> dict[int, Any]:
+        """The background cells this process sent, by id."""
+        if not self.background:  # none was ever started (most sessions): no lock to take
+            return {}
+        with self.lock:
+            return dict(self.background)
+
+    def park(self, key: str, value: Any) -> None:
+        """Keep ``value`` until ``unpark(key)`` wraps it in an RRef owned here."""
+        with self.lock:
+            self.parked[key] = value
+
+    def unpark(self, key: str) -> Any:
+        with self.lock:
+            return self.parked.pop(key)
+
+    def left_in_collectives(self, futures: Any) -> None:
+        """Cells given up on inside a collective: the next cell waits for these futures."""
+        with self.lock:
+            self.collectives_pending.extend(futures)
+
+    def take_collectives_left(self) -> list[Any]:
+        """The futures ``left_in_collectives`` kept (taken: none are kept after)."""
+        if not self.collectives_pending:  # every cell passes here: nothing to do, no lock
+            return []
+        with self.lock:
+            pending, self.collectives_pending = self.collectives_pending, []
+        return pending
+
     def set_env(self, key: str, value: str) -> None:
         """Set an environment variable for this group only (``restore`` puts it back)."""
         if key not in self.restore_env:
