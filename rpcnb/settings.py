@@ -1,4 +1,6 @@
-"""Every ``RPCNB_*`` environment variable rpcnb reads, in one table, each read one way.
+"""Every environment variable rpcnb reads, in two tables, each read one way: its own
+``RPCNB_*`` variables (``SETTINGS``), and the other tools' it reads or sets for its
+processes (``BORROWED``: TensorPipe's interface, CUDA's visible devices, UCX's, ...).
 
 A yes-or-no setting takes ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``
 (any case; empty: its default); a number must be one (above 0 where it is a size, a
@@ -82,6 +84,68 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "(a private network namespace, or why not); read by "
             "`rpcnb.sandbox.isolation.status()`", "set for you"),
 )}
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """A variable of another tool that rpcnb reads, or sets for its own processes: its
+    name, what rpcnb does when it is unset (a line of the settings page), and what it does."""
+
+    name: str
+    default: str
+    doc: str
+
+
+# Read with ``other`` (and set, where rpcnb sets one, with ``set_default`` or the group's
+# Session.set_env); docs/settings.md's second table is written from it.
+BORROWED: dict[str, Borrowed] = {b.name: b for b in (
+    Borrowed("TP_SOCKET_IFNAME", "set to `lo` by rpcnb unless set", "the interface "
+             "TensorPipe listens on; a group started with `--host` sets it for its own "
+             "members only"),
+    Borrowed("CUDA_VISIBLE_DEVICES", "inherited", "which GPUs a process sees; `%rpc_init "
+             "--gpus` sets it per worker"),
+    Borrowed("UCX_NET_DEVICES", "the group's interface (`lo` on one host)", "where UCX's TCP "
+             "transport listens and connects; set it to override rpcnb's choice"),
+    Borrowed("UCX_RNDV_SCHEME", "`put_zcopy` in a kernel on one host without GPUs, else "
+             "UCX's own", "how UCX moves a large message; set, it wins over rpcnb's choice "
+             "({doc}`ucx`)"),
+    Borrowed("UCX_RNDV_FRAG_MEM_TYPE", "`host` on a machine without GPUs, unless set",
+             "where UCX stages a large message's fragments (ucxx asks for CUDA memory)"),
+    Borrowed("UCX_WARN_UNUSED_ENV_VARS", "`n` unless set", "UCX's warning about variables it "
+             "does not use"),
+    Borrowed("TORCH_CPP_LOG_LEVEL", "set to `ERROR` by rpcnb unless set", "silences "
+             "TensorPipe's `eof` warning on every graceful leave"),
+    Borrowed("IBV_FORK_SAFE", "set in workers where InfiniBand devices exist", "libibverbs' "
+             "fork safety (with `RDMAV_FORK_SAFE`)"),
+    Borrowed("RDMAV_FORK_SAFE", "set in workers where InfiniBand devices exist", "libibverbs' "
+             "fork safety (with `IBV_FORK_SAFE`)"),
+    Borrowed("PYTORCH_NVML_BASED_CUDA_CHECK", "set to `1` in the warm launcher only",
+             "`torch.cuda.is_available()` asks NVML instead of creating a CUDA context, so "
+             "the process that forks the workers never has one"),
+    Borrowed("GLOO_SOCKET_IFNAME", "the TensorPipe interface, in workers with `--collectives`",
+             "where gloo's collectives listen"),
+    Borrowed("NCCL_SOCKET_IFNAME", "the TensorPipe interface, in workers with `--collectives`",
+             "where NCCL's bootstrap listens"),
+    Borrowed("PYTHONBREAKPOINT", "pdb, in the notebook's cell", "what `breakpoint()` on a "
+             "worker opens: `0` nothing, another hook that one"),
+    Borrowed("container", "unset", "set by container runtimes: `%rpc_doctor` says rpcnb runs "
+             "in a container"),
+)}
+
+
+def other(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The value of another tool's variable (one of ``BORROWED``; "" when unset)."""
+    if name not in BORROWED:
+        raise KeyError(f"{name} is not one of the variables rpcnb reads (rpcnb.settings.BORROWED)")
+    return (os.environ if env is None else env).get(name, "")
+
+
+def set_default(name: str, value: str, env: Any = None) -> None:
+    """Set another tool's variable (one of ``BORROWED``) in ``env`` (this process's
+    environment) unless it is set already."""
+    if name not in BORROWED:
+        raise KeyError(f"{name} is not one of the variables rpcnb sets (rpcnb.settings.BORROWED)")
+    (os.environ if env is None else env).setdefault(name, value)
 
 
 def _raw(name: str, env: Mapping[str, str] | None) -> str:

@@ -1,5 +1,7 @@
-"""The table of ``RPCNB_*`` variables in ``docs/settings.md``, written from
-``rpcnb.settings.SETTINGS`` (between ``<!-- settings -->`` and ``<!-- /settings -->``).
+"""The tables of environment variables in ``docs/settings.md``: rpcnb's own, written from
+``rpcnb.settings.SETTINGS`` (between ``<!-- settings -->`` and ``<!-- /settings -->``), and
+the other tools' that rpcnb reads or sets, from ``rpcnb.settings.BORROWED`` (between
+``<!-- borrowed -->`` and ``<!-- /borrowed -->``).
 
 ``python scripts/settings_table.py`` rewrites it; ``--check`` only says whether it is
 current (exit 1 when not). ``scripts/build_docs.py`` writes it into its staged copy before
@@ -15,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_MD = ROOT / "docs" / "settings.md"
 BLOCK = re.compile(r"(<!-- settings -->\n)(?P<body>.*?)(<!-- /settings -->)", re.S)
+BORROWED_BLOCK = re.compile(r"(<!-- borrowed -->\n)(?P<body>.*?)(<!-- /borrowed -->)", re.S)
 STALE = "{path}: the table of variables differs from rpcnb.settings: run `python scripts/settings_table.py`"
 
 
@@ -28,10 +31,20 @@ def table() -> str:
     return "\n" + "\n".join(rows) + "\n\n"
 
 
+def borrowed_table() -> str:
+    from rpcnb.settings import BORROWED
+
+    rows = ["| variable | when unset | what it does |", "| --- | --- | --- |"]
+    rows += [f"| `{b.name}` | {b.default} | {b.doc} |" for b in BORROWED.values()]
+    return "\n" + "\n".join(rows) + "\n\n"
+
+
 def rendered(text: str) -> str:
-    if not BLOCK.search(text):
-        raise SystemExit(f"{SETTINGS_MD}: no <!-- settings --> block")
-    return BLOCK.sub(lambda m: m.group(1) + table() + m.group(3), text)
+    for block, name in ((BLOCK, "settings"), (BORROWED_BLOCK, "borrowed")):
+        if not block.search(text):
+            raise SystemExit(f"{SETTINGS_MD}: no <!-- {name} --> block")
+    text = BLOCK.sub(lambda m: m.group(1) + table() + m.group(3), text)
+    return BORROWED_BLOCK.sub(lambda m: m.group(1) + borrowed_table() + m.group(3), text)
 
 
 def write(path: Path = SETTINGS_MD) -> bool:

@@ -21,7 +21,6 @@ import builtins
 import functools
 import getpass
 import io
-import os
 import pdb
 import sys
 import threading
@@ -29,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rpcnb import errors
+from rpcnb import errors, settings
 from rpcnb.cells.frames import hidden, user_frames
 from rpcnb.cells.output import router
 from rpcnb.session import protocol
@@ -160,7 +159,7 @@ class RemotePdb(pdb.Pdb):
 def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
     """``sys.breakpointhook`` in a worker: ``PYTHONBREAKPOINT`` as Python reads it (``0``:
     nothing; another hook: that one), else a ``RemotePdb`` in the waiting cell."""
-    hook = os.environ.get("PYTHONBREAKPOINT", "")
+    hook = settings.other("PYTHONBREAKPOINT")
     if hook == "0":
         return None
     if hook and hook not in ("pdb.set_trace", "rpcnb.cells.console.set_trace"):

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import os
 from typing import Any
 
+from rpcnb import settings
 from rpcnb.errors import RpcnbError
 from rpcnb.session import protocol
 from rpcnb.session.state import Session
@@ -167,9 +167,9 @@ def join(s: Session, backend: str, rank: int, world: int, where: dict[str, Any],
     """This worker becomes ``rank`` of the workers' process group (blocks until all have)."""
     import torch.distributed as dist
 
-    iface = os.environ.get("TP_SOCKET_IFNAME") or "lo"  # where TensorPipe listens too
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    iface = settings.other("TP_SOCKET_IFNAME") or "lo"  # where TensorPipe listens too
+    settings.set_default("GLOO_SOCKET_IFNAME", iface)
+    settings.set_default("NCCL_SOCKET_IFNAME", iface)
     limit = datetime.timedelta(seconds=timeout)
     if "file" in where:
         store: Any = dist.FileStore(where["file"], world)

@@ -10,7 +10,7 @@ import socket
 import time
 from typing import Any
 
-from rpcnb import machine, telemetry
+from rpcnb import machine, settings, telemetry
 from rpcnb.paths import shm
 from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
@@ -33,7 +33,7 @@ def listen_address() -> str:
     """Where this process's TensorPipe listens, as ``ADDR (IFACE)``: the interface
     TP_SOCKET_IFNAME named when its agent started (torch keeps the first), else this
     host name's address."""
-    iface = _torch.first_interface() or os.environ.get("TP_SOCKET_IFNAME", "")
+    iface = _torch.first_interface() or settings.other("TP_SOCKET_IFNAME")
     if iface:
         return f"{machine.interface_address(iface) or '?'} ({iface})"
     try:

@@ -83,3 +83,17 @@ def test_the_settings_page_is_written_from_the_table():
         path=settings_table.SETTINGS_MD)
     for name in settings.SETTINGS:
         assert f"`{name}`" in text
+
+
+def test_other_tools_variables_are_read_by_name_from_one_table():
+    assert settings.other("TP_SOCKET_IFNAME", {"TP_SOCKET_IFNAME": "eth1"}) == "eth1"
+    assert settings.other("CUDA_VISIBLE_DEVICES", {}) == ""
+    env: dict[str, str] = {"GLOO_SOCKET_IFNAME": "eth0"}
+    settings.set_default("GLOO_SOCKET_IFNAME", "lo", env)
+    settings.set_default("NCCL_SOCKET_IFNAME", "lo", env)
+    assert env == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "lo"}
+    with pytest.raises(KeyError, match="BORROWED"):
+        settings.other("TP_SOCKET_IFNAM")  # a typo is an error, not an empty value
+    text = settings_table.SETTINGS_MD.read_text()
+    for name in settings.BORROWED:
+        assert f"| `{name}` |" in text
