@@ -110,14 +110,14 @@ def _collective_timeouts(s: Session, sent: Sent, names: list[str]) -> None:
     """A collective that timed out in a group whose workers form a process group: the error
     names the ranks that never came, and the process group is formed again (a timed-out
     collective leaves the ranks out of step)."""
-    info = s.options.get("collectives")
-    if not info:  # most groups: no process group, no collective to time out
+    info = s.collectives
+    if info is None:  # most groups: no process group, no collective to time out
         return
     timed_out = [c for c in sent.calls.values() if isinstance(c.error, RemoteError)
                  and COLLECTIVE_TIMED_OUT.search(c.error.evalue + c.error.traceback)]
     if not timed_out:
         return
-    ranks: dict[str, int] = info["ranks"]
+    ranks = info.ranks
     missing = [f"{w} (rank {r})" for w, r in sorted(ranks.items(), key=lambda x: x[1])
                if w not in names]
     note = errors.COLLECTIVE_TIMEOUT.format(
@@ -174,10 +174,9 @@ def background_on(s: Session, names: list[str]) -> dict[str, list[int]]:
 
 def _reform(s: Session) -> None:
     """Form the workers' process group again (``membership.collectives.reform``); say so."""
-    reform = getattr(s, "reform_collectives", None)
-    if reform is not None:
+    if s.collectives is not None:
         try:
-            said = reform()
+            said = s.collectives.reform()
         except Exception as exc:  # the group itself still works; say so and go on
             said = f"rpcnb: forming the workers' process group again failed: {exc}"
         if said:
@@ -189,14 +188,14 @@ def _left_in_a_collective(s: Session, sent: Sent) -> None:
     collectives still run it: they may wait inside a collective, which no interrupt stops
     (gloo and NCCL wait in C++ until their time limit) and which leaves the ranks out of
     step. Say so; the next cell waits for them, then forms the process group again."""
-    info = s.options.get("collectives")
+    info = s.collectives
     late = [c for c in sent.calls.values() if not c.done and c.future is not None]
-    if not info or not late:
+    if info is None or not late:
         return
     s.left_in_collectives(c.future for c in late)
     print(errors.COLLECTIVE_LEFT_WAITING.format(
         workers=", ".join(c.worker for c in late), verb="waits" if len(late) == 1 else "wait",
-        timeout=info["timeout"]), file=sys.stderr)
+        timeout=info.timeout), file=sys.stderr)
 
 
 def _settle_collectives(s: Session) -> None:
@@ -205,8 +204,8 @@ def _settle_collectives(s: Session) -> None:
     pending = s.take_collectives_left()
     if not pending:  # every cell passes here: nothing to do
         return
-    info = s.options.get("collectives") or {"timeout": 0}
-    waiting.until(lambda: all(f.done() for f in pending), float(info["timeout"]) + 30, 0.05)
+    limit = s.collectives.timeout if s.collectives is not None else 0.0
+    waiting.until(lambda: all(f.done() for f in pending), limit + 30, 0.05)
     _reform(s)
 
 

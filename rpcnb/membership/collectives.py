@@ -16,17 +16,15 @@ workers. Restarting or adding a worker is refused: the world size is fixed when 
 from __future__ import annotations
 
 import datetime
-import itertools
 from typing import Any
 
 from rpcnb import settings
 from rpcnb.errors import RpcnbError
 from rpcnb.session import protocol
-from rpcnb.session.state import Session
+from rpcnb.session.state import Collectives, Session
 
 BACKENDS = ("gloo", "nccl", "auto")
 DEFAULT_TIMEOUT = 60.0  # seconds a collective waits for every rank
-OPTION = "collectives"  # in Session.options: {"backend", "ranks": {name: rank}, "timeout"}
 FIXED = (
     "This group's workers form a process group (--collectives {backend}) of a fixed size "
     "({n}), so {what} would leave it out: %rpc_shutdown, then %rpc_init with the workers "
@@ -46,7 +44,6 @@ REFORMED = ("rpcnb: the workers' process group was formed again ({backend}, {n} 
             "collective that timed out leaves the ranks out of step.")
 FORMED = ("rpcnb: the workers form a process group ({backend}{why}): {first}..{last} are ranks "
           "0..{top}; a collective waits {timeout:g} s for every rank.")
-_generation = itertools.count(1)
 
 
 def check(backend: str | None, timeout: float | None) -> None:
@@ -93,25 +90,25 @@ def form(s: Session, backend: str, workers: list[str], timeout: float = DEFAULT_
             raise RpcnbError(SHARED_GPU.format(pairs=pairs))
         if pairs:
             chosen, why = "gloo", AUTO_GLOO.format(pairs=pairs)
-    where = _store_spec(s)
+    formed = s.collectives.formed + 1 if s.collectives is not None else 1
+    where = _store_spec(s, formed)
     futures = [protocol.call_async(s.token, w, "collectives", chosen, rank, len(workers),
                                    where, float(timeout), timeout=timeout + 30)
                for rank, w in enumerate(workers)]
     for fut in futures:  # init_process_group returns on every rank once all have come
         fut.wait()
-    s.options[OPTION] = {"backend": chosen, "ranks": {w: r for r, w in enumerate(workers)},
-                         "timeout": float(timeout)}
-    s.reform_collectives = lambda: reform(s)  # type: ignore[attr-defined]
+    s.collectives = Collectives(chosen, {w: r for r, w in enumerate(workers)}, float(timeout),
+                                formed, lambda: reform(s))
     return FORMED.format(backend=chosen, why=why, first=workers[0], last=workers[-1],
                          top=len(workers) - 1, timeout=timeout)
 
 
 def reform(s: Session) -> str:
     """Form the process group again (after a collective timed out); the sentence to show."""
-    info = s.options.get(OPTION)
-    if not info:
+    info = s.collectives
+    if info is None:
         return ""
-    workers = sorted(info["ranks"], key=info["ranks"].get)
+    workers = sorted(info.ranks, key=info.ranks.__getitem__)
     live = [w for w in workers if w not in s.dead]
     if len(live) != len(workers):
         return ""
@@ -121,21 +118,21 @@ def reform(s: Session) -> str:
             fut.wait()
         except Exception:
             pass
-    form(s, info["backend"], workers, info["timeout"])
-    return REFORMED.format(backend=info["backend"], n=len(workers))
+    form(s, info.backend, workers, info.timeout)
+    return REFORMED.format(backend=info.backend, n=len(workers))
 
 
 def refuse_resize(s: Session, what: str) -> None:
     """Restarting or adding a worker is refused in a group with collectives."""
-    info = s.options.get(OPTION)
-    if info:
-        raise RpcnbError(FIXED.format(backend=info["backend"], n=len(info["ranks"]), what=what))
+    info = s.collectives
+    if info is not None:
+        raise RpcnbError(FIXED.format(backend=info.backend, n=len(info.ranks), what=what))
 
 
-def _store_spec(s: Session) -> dict[str, Any]:
-    """Where the ranks meet: a new file in the group's folder, or a prefix of the TCP store
-    (a new one for each forming: a store's keys cannot be taken back)."""
-    gen = next(_generation)
+def _store_spec(s: Session, gen: int) -> dict[str, Any]:
+    """Where the ranks meet the ``gen``-th time they form: a new file in the group's
+    folder, or a prefix of the TCP store (a new one for each forming: a store's keys cannot
+    be taken back)."""
     if s.group_dir is not None and str(s.init_method).startswith("file://"):
         return {"file": str(s.group_dir / f"collectives-{gen}")}
     host, port = str(s.init_method)[len("tcp://"):].rsplit(":", 1)

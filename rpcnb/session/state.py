@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,18 @@ class Member:
     # the cell it runs now (rpcnb.membership.start.running_now: cell, first, since, seconds,
     # file, line, text), or None when idle or not known
     busy: dict[str, Any] | None = None
+
+
+@dataclass
+class Collectives:
+    """The workers' ``torch.distributed`` process group (``--collectives``), as the leader
+    formed it last (``rpcnb.membership.collectives``)."""
+
+    backend: str  # "gloo" or "nccl"
+    ranks: dict[str, int]  # worker -> its rank
+    timeout: float  # seconds a collective waits for every rank
+    formed: int  # how often it was formed in this group: each forming meets afresh
+    reform: Callable[[], str]  # forms it again; what to say (after a collective timed out)
 
 
 @dataclass
@@ -208,8 +221,10 @@ class Session:
         self.cluster: dict[str, Any] | None = None
         # environment variables this group changed, with the values to put back
         self.restore_env: dict[str, str | None] = {}
-        # with --collectives: the futures of cells given up on while still inside a
-        # collective; the next cell waits for them and forms the process group again
+        # with --collectives: the workers' process group, and the futures of cells given up
+        # on while still inside a collective (the next cell waits for them, then forms the
+        # process group again)
+        self.collectives: Collectives | None = None
         self.collectives_pending: list[Any] = []
 
     @property
