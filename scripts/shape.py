@@ -100,14 +100,6 @@ def _is_sleep(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and _name_of(node.func) == "sleep"
 
 
-def _is_timed_wait(node: ast.AST) -> bool:
-    """``x.wait(t)``, ``x.get(timeout=t)``, ``x.join(t)``: a nap with a time limit."""
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-        and node.func.attr in ("wait", "get", "join") \
-        and (any(k.arg == "timeout" for k in node.keywords)
-             or (node.func.attr != "get" and len(node.args) == 1))
-
-
 def _environment_reads(tree: ast.AST) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
@@ -199,14 +191,16 @@ def measure_file(path: Path, shape: Shape) -> None:
             if n > LIMIT:
                 shape.long_functions.append(Finding(f"{rel}:{node.lineno}", f"{node.name} ({n} lines)"))
 
-    # a loop that sleeps (or waits with a time limit) and looks at the clock or a deadline:
-    # a deadline loop written by hand
+    # a loop that sleeps and looks at the clock or a deadline: a deadline loop written by
+    # hand (rpcnb.waiting.until and Deadline are the one way)
     for node in ast.walk(tree):
         if isinstance(node, (ast.While, ast.For)):
             own = list(_walk_own(node))
             if isinstance(node, ast.While):
                 own += list(ast.walk(node.test))
-            naps = [n for n in own if _is_sleep(n) or _is_timed_wait(n)]
+            # a wait on an Event, a queue or a thread is woken by what it waits for: only
+            # sleeping between looks is polling
+            naps = [n for n in own if _is_sleep(n)]
             clock = any(_is_time_call(n) for n in own) or any(
                 isinstance(n, ast.Name) and ("deadline" in n.id or n.id in ("until", "late"))
                 for n in own)

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import machine, progress
+from rpcnb import machine, progress, waiting
 from rpcnb.cells.frames import rpc_me, sendable, user_traceback
 from rpcnb.session import protocol, state
 from rpcnb.wire import limits
@@ -172,11 +172,8 @@ class Capture:
         ``rpcnb.cells.console``)."""
         self.flush()
         with self._lock:
-            futures = list(self._futures)
-        deadline = time.monotonic() + timeout
-        for fut, _ in futures:
-            while not fut.done() and time.monotonic() < deadline:
-                time.sleep(0.001)
+            futures = [fut for fut, _ in self._futures]
+        waiting.until(lambda: all(fut.done() for fut in futures), timeout, every=0.001)
 
     def close(self, timeout: float = 10.0) -> int:
         """Send what is left, wait until the caller has it (``timeout`` seconds, and the
@@ -191,10 +188,9 @@ class Capture:
             self._items = [item for item in self._items if item[0] != "progress"]
         self.flush()
         pending = sum(n for fut, n in self._futures if not fut.done())
-        deadline = time.monotonic() + limits.grown(timeout, pending)
-        for fut, _ in self._futures:
-            while not fut.done() and time.monotonic() < deadline:
-                time.sleep(0.001)
+        futures = [fut for fut, _ in self._futures]
+        waiting.until(lambda: all(fut.done() for fut in futures),
+                      limits.grown(timeout, pending), every=0.001)
         self._futures.clear()
         if self.large:
             machine.give_back_memory(min_interval=0)

@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpcnb import errors
+import psutil
+
+from rpcnb import errors, waiting
 from rpcnb.errors import RpcnbError
 from rpcnb.procs.processes import pid_alive, still_running
 from rpcnb.sandbox import isolation
@@ -183,14 +185,11 @@ def spawn(name: str, workers: int, keep_s: float, init_kwargs: dict[str, Any]) -
              "--keep", str(keep_s), "--options", json.dumps(init_kwargs)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
+    def up_or_failed() -> bool:
         now = read(name)
-        if now is not None and (now.connection or now.failed):
-            break
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
+        return (now is not None and bool(now.connection or now.failed)) or proc.poll() is not None
+
+    waiting.until(up_or_failed, START_S, every=0.1)
     now = read(name)
     if now is None or not now.connection:
         with contextlib.suppress(Exception):
@@ -214,30 +213,37 @@ def log_tail(name: str, lines: int = 15) -> str:
 def end(name: str, timeout: float = 15.0) -> bool:
     """Ask the keeper of ``name`` to end its group (SIGTERM) and wait for it; it is
     killed, and its workers with it, after ``timeout``. Whether it was running."""
-    import signal
-
-    from rpcnb.procs.processes import descendants, kill_all, started_at
-
     rec = read(name)
     if rec is None or not rec.alive():
         remove(name)
         return False
-    # its workers, as the keeper's descendants now (a pid of the record whose worker ended
-    # may be another process's by now), each with when it started
-    started = {p: started_at(p) for p in descendants(rec.pid) if p in rec.workers.values()}
-    workers = {p: t for p, t in started.items() if t is not None}
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(rec.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and rec.alive():
-        time.sleep(0.05)
-    if rec.alive():
-        kill_all([rec.pid, *(p for p, t in workers.items() if still_running(p, t))])
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(still_running(p, t) for p, t in workers.items()):
-        time.sleep(0.05)
+    try:
+        keeper = psutil.Process(rec.pid)
+        # its workers, as the keeper's descendants now (a pid of the record whose worker
+        # ended may be another process's by now); a psutil.Process is its pid and its start
+        # time, so no signal below reaches a later process that got one of these pids
+        workers = [p for p in keeper.children(recursive=True) if p.pid in rec.workers.values()]
+        keeper.terminate()
+    except psutil.NoSuchProcess:  # it ended just now
+        remove(name)
+        return True
+    # not psutil.wait_procs: a process that is not our child and ended counts as running
+    # there until its parent reaps it, which a kernel that started a keeper may never do
+    if not waiting.until(lambda: not rec.alive(), timeout, every=0.05):
+        for p in [keeper, *workers]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    waiting.until(lambda: not any(_runs(p) for p in workers), 5.0, every=0.05)
     remove(name)
     return True
+
+
+def _runs(p: psutil.Process) -> bool:
+    """Whether the process ``p`` (a psutil.Process) still runs: not ended, not a zombie."""
+    try:
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def claim(rec: Record) -> Path:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import atexit
 import threading
-import time
 
+from rpcnb import waiting
 from rpcnb.procs import launch
 from rpcnb.session import protocol, roster, state
 from rpcnb.session.state import Session
@@ -69,14 +69,13 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
             protocol.call_async(s.token, name, "leave", timeout=5)
         except Exception:
             pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def everyone_left() -> bool:
         gone = {n for n, w in s.procs.items() if not w.alive()}
-        remaining = set(_torch.member_names()) - {s.name} - set(s.dead) - gone - set(s.unreachable)
-        if not remaining:
-            break
-        time.sleep(0.05)
-    launch.wait_exit(list(s.procs.values()), max(0.5, deadline - time.monotonic()))
+        return not set(_torch.member_names()) - {s.name} - set(s.dead) - gone - set(s.unreachable)
+
+    deadline = waiting.Deadline.after(timeout)
+    waiting.until(everyone_left, timeout, every=0.05)
+    launch.wait_exit(list(s.procs.values()), max(0.5, deadline.left() or 0.0))
     for w in s.procs.values():
         if w.alive():
             w.stop(grace=1.0)

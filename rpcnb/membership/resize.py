@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 from typing import Any
 
-from rpcnb import errors
+from rpcnb import errors, waiting
 from rpcnb.cells.output import shell
 from rpcnb.errors import RpcnbError
 from rpcnb.membership import collectives, start
@@ -79,10 +78,8 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
         proc.proc.wait(5)
     else:
         was = f"dead ({proc.how_died()})"
-    deadline = time.monotonic() + DECLARE_WAIT
-    while name not in s.dead and time.monotonic() < deadline:
-        time.sleep(0.02)  # the death watcher removes it from torch's group and tells all
-    if name not in s.dead:
+    # the death watcher removes it from torch's group and tells all
+    if not waiting.until(lambda: name in s.dead, DECLARE_WAIT):
         from rpcnb.membership import failures
 
         failures.declare(s, name, launch.how_died(proc.proc.returncode))
