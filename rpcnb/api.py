@@ -223,10 +223,7 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
         if remote:
             print(rendezvous.REMOTE_EXPOSES.format(host=host, port=port, iface=iface))
         store = _torch.store()
-        # what a joiner checks before it joins torch's group (rendezvous.check_group)
-        store.set("rpcnb/protocol", rendezvous.PROTOCOL)
-        store.set("rpcnb/keycheck", rendezvous.key_check(secret))
-        store.set("rpcnb/leader", name)
+        rendezvous.announce_group(store, secret, name)  # what a joiner checks first
         if remote:  # this host, for the fences of members on other hosts
             fence.announce(store, secret, fence.my_addresses(host), wait=0)
         roster.claim_name(store, name)
