@@ -1,6 +1,8 @@
 """How a process becomes a member: ``start_member`` (init_rpc with dynamic membership,
 under rpcnb's session), ``register`` (ask the leader to be admitted), and on the leader
-``launch_workers`` / ``wait_ready`` for the worker processes it starts.
+``launch_workers`` / ``wait_ready`` for the worker processes it starts. ``join_member``
+puts the steps in order for a process that joins a running group, as
+``founding.found_group`` does for the first member of a new one.
 
 A member becomes visible to torch's group inside ``init_rpc``, before it has finished
 setting itself up. So nobody counts it as a member until it has registered with the
