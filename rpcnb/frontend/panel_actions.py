@@ -52,10 +52,9 @@ class Panel(Protocol):
 
 def act(panel: Panel, action: str, data: dict[str, Any]) -> dict[str, Any]:
     """Run the panel's action ``action`` with its message ``data``: what to tell the panel."""
-    handler = ACTIONS.get(action)
-    if handler is None:
+    if action not in ACTIONS:
         raise ValueError(UNKNOWN_ACTION.format(action=action))
-    return handler(panel, data)
+    return ACTIONS[action](panel, data)
 
 
 def running_here(s: Any) -> set[str]:
