@@ -214,7 +214,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     run by ``runner``; registered with the leader when this returns (RpcnbError when the
     leader refused it). Everything that can be checked is checked before anything is
     claimed. Across hosts TensorPipe listens on ``interface`` (default: the one that
-    reaches the group's host)."""
+    reaches the group's host). ``founding.found_group`` is its mirror for a new group."""
     launch.apply_quiet_env()
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
