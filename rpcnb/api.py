@@ -11,17 +11,12 @@ starts, not before.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import os
-import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from rpcnb import errors, machine
+from rpcnb import errors
 from rpcnb.cells.background import jobs
 from rpcnb.cells.background import start as run_bg
 from rpcnb.cells.call import interrupt, run
@@ -31,10 +26,10 @@ from rpcnb.membership.view import group
 from rpcnb.observe.names import who
 from rpcnb.paths import ucx as ucx_path
 from rpcnb.procs import launch
-from rpcnb.session import fence, rendezvous, roster, state
-from rpcnb.session.state import ALL, Group, Member, is_initialized
+from rpcnb.session import state
+from rpcnb.session.state import ALL, Group, is_initialized
 from rpcnb.session.teardown import Teardown
-from rpcnb.wire import _torch, options
+from rpcnb.wire import options
 
 __all__ = ["ALL", "Group", "add_workers", "group", "init", "interrupt", "is_initialized",
            "jobs", "join", "restart", "run", "run_bg", "shutdown", "who"]
@@ -158,93 +153,14 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     devices = options.plan_devices(name, names, gpus, device_map)
     if name in devices.maps:
         opts["device_map"] = devices.maps[name]
-    if port is not None and not (isinstance(port, int) and 0 <= port < 65536):
-        raise ValueError(f"--port must be a TCP port number (0-65535), not {port!r}.")
-    host = rendezvous.check_host(host, allow_remote)
-    remote = not ipaddress.ip_address(host).is_loopback
-    iface = "lo"
-    if interface is not None:
-        iface = machine.check_interface_name(interface)
-        if iface != "lo" and not allow_remote:
-            raise ValueError(errors.INTERFACE_NEEDS_FLAG.format(iface=iface))
-        remote = remote or iface != "lo"
-    if remote:
+    from rpcnb.membership import founding, handlers
+
+    meeting = founding.Meeting.checked(port, host, allow_remote, interface)
+    if meeting.remote:
         opts["one_host"] = False  # members may join from elsewhere: no shared memory
-        if interface is None:
-            iface = machine.interface_of(host)
-    if port is None and (remote or allow_remote):
-        raise ValueError("--host/--allow-remote need --port: a group reachable from other "
-                         "hosts meets over TCP.")
-
-    _torch.check_interface(iface if remote else os.environ.get("TP_SOCKET_IFNAME", ""))
-    if workers:
-        launch.warm_up()  # already running when %rpc_init or rpcnb.init started it
-    from rpcnb.membership import failures, handlers, start
-
     handlers.install()
-    rendezvous.sweep_groups()  # what killed kernels left behind, their secrets included
-    secret = rendezvous.new_secret()
-    # everything this start sets up registers its cleanup here as it comes up; a failure
-    # at any step unwinds it, and so does every later way out of the group (Session.teardown)
-    teardown = Teardown()
-    try:
-        group_dir = Path(tempfile.mkdtemp(prefix="rpcnb-"))
-        teardown.push("group folder", functools.partial(shutil.rmtree, group_dir, ignore_errors=True))
-        served: list[Any] = []  # the TCP store's server, only here: it listens while held
-        if port is None:
-            init_method = f"file://{group_dir / 'store'}"
-        else:
-            # this process serves the store; its agent is a client of it, like the others
-            # (torch keeps an agent's store alive after shutdown: the server must not be it)
-            server, port = rendezvous.serve_store(host, port, opts["timeout"])
-            served.append(server)
-            del server
-            teardown.push("rendezvous store", served.clear)
-            init_method = f"tcp://{host}:{port}"
-        from rpcnb.membership import kept
-
-        keeper = kept.this_is_the_keeper()
-        if keeper:  # the workers (opts go to them) leave it out of all-gathers and --all
-            opts["keeper"] = True
-        runner = start.kernel_runner(name, roster.KEEPER_KIND if keeper else "kernel")
-        teardown.push("cell runner", runner.stop)
-        my_rank = roster.fixed_rank() or 0
-        # TensorPipe listens on TP_SOCKET_IFNAME; the workers inherit it (for this group)
-        client = None if not served else rendezvous.open_store(
-            init_method, opts["timeout"], prefixed=False)
-        s = start.start_member(name, my_rank, init_method, opts, leader=name,
-                               runner=runner, group_dir=group_dir, secret=secret,
-                               store=client, teardown=teardown,
-                               env={"TP_SOCKET_IFNAME": iface} if remote else None)
-        s.connection_path = rendezvous.write_connection(
-            group_dir, rendezvous.Connection(init_method, secret, name))
-        if port is not None:
-            s.listen = (host, port)
-        if remote:
-            print(rendezvous.REMOTE_EXPOSES.format(host=host, port=port, iface=iface))
-        store = _torch.store()
-        # what a joiner checks before it joins torch's group (rendezvous.check_group)
-        store.set("rpcnb/protocol", rendezvous.PROTOCOL)
-        store.set("rpcnb/keycheck", rendezvous.key_check(secret))
-        store.set("rpcnb/leader", name)
-        if remote:  # this host, for the fences of members on other hosts
-            fence.announce(store, secret, fence.my_addresses(host), wait=0)
-        roster.claim_name(store, name)
-        roster.claim_rank(store, my_rank)
-        for member in [name, *names]:
-            roster.publish(store, member, devices.devices[member], devices.maps.get(member))
-        s.add_member(Member(name, my_rank, socket.gethostname(), os.getpid(), "kernel",
-                            machine.cuda_devices()))
-        start.launch_workers(s, names, opts, devices)
-        start.wait_ready(s)
-        if collectives:
-            from rpcnb.membership import collectives as coll
-
-            print(coll.form(s, collectives, names, collective_timeout or coll.DEFAULT_TIMEOUT))
-        start.watch_in_background(s, failures.watch)
-    except BaseException:
-        teardown.close()
-        raise
+    founding.found_group(name, names, opts, devices, meeting, collectives=collectives,
+                         collective_timeout=collective_timeout)
     return group()
 
 

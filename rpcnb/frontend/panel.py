@@ -5,26 +5,26 @@ cell, and a hello to the front ends (a comm opened and closed at once, so a pane
 follows this kernel connects now rather than at its next look). A front end opens a comm
 to the target; while one is open, a thread of this kernel pushes snapshots of the group
 and of the user's kept groups (at most one a second, and only when something changed)
-and another runs the panel's actions one at a time. With no panel open nothing runs;
-nothing here imports torch before a group exists.
+and two more run the panel's actions (``panel_actions.ACTIONS``), one at a time each.
+With no panel open nothing runs; nothing here imports torch before a group exists.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
-import keyword
 import queue
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from rpcnb import errors, telemetry
-from rpcnb.frontend import rrefs
-from rpcnb.frontend.held import Held, drop, find_rrefs
-from rpcnb.sandbox import isolation
+from rpcnb import telemetry
+from rpcnb.frontend import panel_actions, rrefs
+from rpcnb.frontend.held import Held, find_rrefs
 from rpcnb.session import state
-from rpcnb.wire import options
+from rpcnb.waiting import Deadline
 
 TARGET = "rpcnb.panel"
 # The hello is a message on a comm id that no one opened: a panel listens for it, and every
@@ -41,25 +41,10 @@ SERIES_POINTS = 120  # points per peer at most
 DESCRIBE_RETRY = 30.0  # seconds before an RRef that could not be described is asked again
 
 NO_GROUP = "No group in this kernel: start one below, or run %rpc_init --workers 2."
-BAD_VARIABLE = "{name!r} is not a valid Python variable name: use letters, digits and _."
-GONE = "This RRef is no longer held by this kernel (the panel showed an older picture)."
-BAD_WORKERS = "The number of workers must be a whole number from 0 to 64, not {value!r}."
-UNKNOWN_ACTION = "The panel asked for {action!r}, which this rpcnb does not know: upgrade rpcnb."
-NOT_A_WORKER = "{name!r} is no worker of this group (its members: {members})."
-NOT_MINE = ("{name} is {what}: restart and interrupt act on the workers this kernel "
-            "started (the leader's, from its notebook).")
-BAD_ADD = "The number of workers to add must be a whole number from 1 to 64, not {value!r}."
 # Actions that change this kernel's namespace or the group's size wait until no cell runs
 # (the kernel's main thread owns both then); the others (interrupt, restart, probe, join)
 # run at once, also while a cell runs: that is when one needs them.
 WAIT_FOR_IDLE = frozenset({"start", "shutdown", "fetch", "free", "add", "open", "attach", "end"})
-OPENS = {"channels": "%rpc_channels", "devmap": "%rpc_devmap"}
-KEPT_ENDED = "ended kept group {group}: its workers are stopped, nothing is left."
-ATTACH_ADDED = "%rpc_init --attach {group} added to the notebook"
-DEVMAP_NO_GROUP = (
-    "There is no group to edit a map for: start one first, or run "
-    "%rpc_devmap --topology worker0=2,worker1=2 to plan one."
-)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -87,13 +72,6 @@ def member_rows(group: Any, running: set[str] | frozenset[str] = frozenset()) ->
             if m.busy and m.alive and not m.unreachable else None,
         })
     return rows
-
-
-def _running(s: Any) -> set[str]:
-    """The workers running a remote cell of this kernel's now."""
-    if s is None:
-        return set()
-    return {c.worker for c in s.calls_to()}
 
 
 class Publisher:
@@ -185,13 +163,13 @@ class Publisher:
     # -- the pushing thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
-        last = 0.0
+        # woken by a change (an Event) or after PERIOD; a snapshot is made no sooner than
+        # PERIOD after the last one (``spaced``)
+        spaced = Deadline.after(0)
         while True:
             self.wake.wait(PERIOD)
             self.wake.clear()
-            delay = last + PERIOD - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            spaced.nap(PERIOD)
             with self.lock:
                 links = [ln for ln in self.links.values() if ln.detail != "off"]
                 if not self.links:
@@ -205,7 +183,7 @@ class Publisher:
                 snap = self.snapshot(full)
             except Exception:  # the group changes under us (starting, leaving): next time
                 continue
-            last = time.monotonic()
+            spaced = Deadline.after(PERIOD)
             for link in links:
                 body = snap if link.detail == "full" else _summary(snap)
                 text = json.dumps({k: v for k, v in body.items() if k != "time"},
@@ -245,7 +223,7 @@ class Publisher:
         group = view.group(refresh=refresh)
         if refresh:
             self._refreshed = self._busy_at = time.monotonic()
-        rows = member_rows(group, _running(s))
+        rows = member_rows(group, panel_actions.running_here(s))
         snap.update(message="", members=rows, group={
             "me": group.me, "leader": group.leader, "address": group.address,
             "join_line": group.join_line, "size": len(rows),
@@ -355,169 +333,21 @@ class Publisher:
             self.wake.set()
 
     def act(self, action: str, data: dict[str, Any]) -> dict[str, Any]:
-        """Run one of the panel's actions; what to tell the panel (``message``, and for
-        ``open`` the line of the cell the front end adds and runs: ``insert``)."""
-        ns = self.shell.user_ns
-        if action == "start":
-            return {"message": self._start(data.get("workers", 2), str(data.get("device_map") or ""))}
-        if action == "probe":
-            from rpcnb.observe import probe
+        """Run one of the panel's actions (``panel_actions.ACTIONS``); what to tell the
+        panel (``message``, and for ``open`` the line of the cell the front end adds and
+        runs: ``insert``)."""
+        return panel_actions.act(self, action, data)
 
-            results = probe.probe(progress=False)
-            return {"message": "probed: " + ", ".join(
-                f"{p.peer} {p.latency_s * 1e3:.2f} ms" for p in results.peers),
-                "table": results.table()}
-        if action == "shutdown":
-            if not state.is_initialized():
-                raise ValueError(errors.NOT_INITIALIZED)
-            from rpcnb import api
+    def size_of(self, key: str) -> int:
+        """The bytes of the value RRef ``key`` holds, as the panel described it (0: not
+        known)."""
+        return int(self._described.get(key, (0.0, {}))[1].get("nbytes") or 0)
 
-            api.shutdown()
-            return {"message": "left the group; start a new one below or with %rpc_init."}
-        if action == "fetch":
-            name = str(data.get("name", "")).strip()
-            if not name.isidentifier() or keyword.iskeyword(name):
-                raise ValueError(BAD_VARIABLE.format(name=name))
-            key = str(data.get("key"))
-            held = find_rrefs(ns).get(key)
-            if held is None:
-                raise ValueError(GONE)
-            # a value the panel described (its size known) gets a limit that grows with it
-            nbytes = int(self._described.get(key, (0.0, {}))[1].get("nbytes") or 0)
-            value = held.rref.to_here(timeout=rrefs.time_limit(nbytes)) if nbytes \
-                else held.rref.to_here()
-            replaced = name in ns
-            ns[name] = value
-            return {"message": f"{name} = {type(value).__name__} from {held.rref.owner_name()}"
-                               + (f" (the old {name} was replaced)" if replaced else "")}
-        if action == "free":
-            key = str(data.get("key"))
-            names = drop(self.shell, key)
-            if not names:
-                raise ValueError(GONE)
-            with self.lock:
-                self._seen.pop(key, None)
-            self._described.pop(key, None)
-            return {"message": f"freed: {', '.join(names)} dropped; its owner lets go of it."}
-        if action == "stacks":
-            from rpcnb.observe import stacks
-
-            name = str(data.get("member", ""))
-            return {"message": f"{name}'s threads now:", "text": str(stacks.stacks([name]))}
-        if action in ("restart", "interrupt"):
-            return {"message": self._member_action(action, str(data.get("member", "")))}
-        if action == "who":  # a member's variables, as %rpc_who lists them
-            from rpcnb.observe.names import who
-
-            name = str(data.get("member", ""))
-            found = who([name]).get(name)
-            if found.state != "answered":
-                raise ValueError(found.summary())
-            return {"message": found.summary(), "member": name, "variables": found.rows,
-                    "text": found.table() if found.rows else ""}
-        if action == "add":
-            n = data.get("n", 1)
-            if isinstance(n, str) and n.strip().isdigit():
-                n = int(n)
-            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
-                raise ValueError(BAD_ADD.format(value=n))
-            from rpcnb import api
-
-            before = {m.name for m in api.group().members}
-            after = api.add_workers(n)
-            return {"message": "added: " + ", ".join(
-                m.name for m in after.members if m.name not in before)}
-        if action == "join":
-            from rpcnb import api
-
-            line = api.group().join_line
-            return {"message": f"copied: {line}", "copy": line}
-        if action == "attach":  # a cell, so that the notebook shows what attach found
-            group = self._attachable(str(data.get("group", "")))
-            return {"message": ATTACH_ADDED.format(group=group),
-                    "insert": f"%rpc_init --attach {group}"}
-        if action == "end":
-            return {"message": self._end(str(data.get("group", "")))}
-        if action == "open":
-            what = str(data.get("what"))
-            if what not in OPENS:
-                raise ValueError(UNKNOWN_ACTION.format(action=f"open {what}"))
-            import importlib.util
-
-            if importlib.util.find_spec("anywidget") is None:
-                from rpcnb.frontend.widgets import NEEDS_ANYWIDGET
-
-                raise ValueError(NEEDS_ANYWIDGET)
-            if not state.is_initialized():
-                raise ValueError(errors.NOT_INITIALIZED if what == "channels" else DEVMAP_NO_GROUP)
-            return {"message": f"{OPENS[what]} added to the notebook", "insert": OPENS[what]}
-        raise ValueError(UNKNOWN_ACTION.format(action=action))
-
-    def _attachable(self, group: str) -> str:
-        """The kept group ``group`` (the one there is, for ""), if this kernel can attach
-        to it now: it is in no group, and no other kernel is attached there."""
-        from rpcnb.membership import kept
-
-        if state.is_initialized():
-            raise ValueError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
-        rec = kept.find(group or None)
-        kernel = kept.attached(rec)
-        if kernel:
-            raise ValueError(errors.KEPT_ATTACHED.format(
-                group=rec.name, kernel=kernel, pid=rec.attached_pid or kernel.rsplit("-", 1)[-1]))
-        return rec.name
-
-    def _end(self, group: str) -> str:
-        """End the kept group ``group``: as %rpc_shutdown where this kernel drives it, else
-        as %rpc_shutdown --group."""
-        from rpcnb import api
-
-        s = state.active()
-        if s is not None and s.options.get("kept") == group:
-            api.shutdown()
-        else:
-            api.end_group(group)
-        return KEPT_ENDED.format(group=group)
-
-    def _member_action(self, action: str, name: str) -> str:
-        """Restart a worker, or interrupt the remote cell it runs for this kernel."""
-        from rpcnb import api
-
-        group = api.group()
-        member = next((m for m in group.members if m.name == name), None)
-        if member is None:
-            raise ValueError(NOT_A_WORKER.format(
-                name=name, members=", ".join(m.name for m in group.members)))
-        if member.name == group.me or member.kind != "process":
-            what = "this kernel" if member.name == group.me else f"a {member.kind}"
-            raise ValueError(NOT_MINE.format(name=name, what=what))
-        if action == "interrupt":
-            if name not in _running(state.active()):
-                return f"{name} runs no cell of this kernel's: nothing to interrupt."
-            api.interrupt(name)
-            return f"interrupted the cell {name} was running; {name} and its namespace stay."
-        api.restart(name)
-        return f"restarted {name} (a new process: its namespace starts empty)."
-
-    def _start(self, workers: Any, device_map: str) -> str:
-        if isinstance(workers, str) and workers.strip().isdigit():
-            workers = int(workers)
-        if not isinstance(workers, int) or isinstance(workers, bool) or not 0 <= workers <= 64:
-            raise ValueError(BAD_WORKERS.format(value=workers))
-        kwargs: dict[str, Any] = {}
-        if device_map.strip():
-            kwargs["device_map"] = options.device_map_spec(device_map, self.shell.user_ns)
-        elif options.applied_device_map() is not None:
-            kwargs["device_map"] = options.applied_device_map()  # what the editor applied
-        from rpcnb.procs import launch
-
-        launch.apply_quiet_env()  # before torch is imported, as %rpc_init does
-        from rpcnb import api
-
-        group = api.init(workers, **kwargs)
-        note = isolation.notice()
-        return (f"started: {', '.join(m.name for m in group.members)}; others join with "
-                f"{group.join_line}" + (f"\n{note}" if note else ""))
+    def forget(self, key: str) -> None:
+        """RRef ``key`` was dropped: what the panel noted of it goes."""
+        with self.lock:
+            self._seen.pop(key, None)
+        self._described.pop(key, None)
 
 
 @dataclass
@@ -534,35 +364,34 @@ def _summary(snap: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in snap.items() if k not in ("traffic", "rrefs", "kept")}
 
 
-_publisher: Publisher | None = None
+@functools.cache
+def _publisher_of(shell: Any) -> Publisher:
+    """The kernel's one publisher: made by the first ``register``, kept by every later one
+    (``%reload_ext rpcnb``), so the panels already connected stay served."""
+    return Publisher(shell)
 
 
 def publisher() -> Publisher | None:
-    """This kernel's publisher, once ``register`` ran."""
-    return _publisher
+    """This kernel's publisher (None outside a kernel)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return _publisher_of(shell) if getattr(shell, "kernel", None) is not None else None
 
 
 def register(ip: Any) -> None:
-    """``%load_ext rpcnb``: the comm target, the after-cell hook and the hello. Nothing
-    happens outside a kernel (a terminal IPython has no front end to talk to)."""
-    global _publisher
-    kernel = getattr(ip, "kernel", None)
-    if kernel is None:
+    """``%load_ext rpcnb``: the comm target, the before- and after-cell hooks and the hello.
+    Nothing happens outside a kernel (a terminal IPython has no front end to talk to)."""
+    if getattr(ip, "kernel", None) is None:
         return
     import comm
 
-    old = _publisher
-    if old is not None:
-        for event, hook in (("pre_run_cell", old.before_cell),
-                            ("post_run_cell", old.after_cell)):
-            try:
-                ip.events.unregister(event, hook)
-            except ValueError:
-                pass
-    pub = _publisher = Publisher(ip)
+    pub = _publisher_of(ip)
     comm.get_comm_manager().register_target(TARGET, pub.open)
-    ip.events.register("pre_run_cell", pub.before_cell)
-    ip.events.register("post_run_cell", pub.after_cell)
+    for event, hook in (("pre_run_cell", pub.before_cell), ("post_run_cell", pub.after_cell)):
+        with contextlib.suppress(ValueError):  # not there yet: this is the first %load_ext
+            ip.events.unregister(event, hook)
+        ip.events.register(event, hook)
     try:
         hello = comm.create_comm(target_name=TARGET, comm_id=HELLO_ID, primary=False)
         hello.send({"hello": PROTOCOL})

@@ -267,29 +267,55 @@ def plan_init(line: str, namespace: Mapping[str, Any] | None = None,
     when the line names none."""
     args = parse_init_line(line)
     if args.add is not None:
-        others = [f for f in _ADD_ALONE_FLAGS if getattr(args, f) not in (None, 0)]
-        if others or args.allow_remote or args.no_shm or args.ucx or args.no_zero_copy \
-                or args.collectives:
-            raise UsageError(ADD_ALONE)
-        return InitPlan("add", workers=args.add, kwargs={"gpus": args.gpus})
+        return _plan_add(args)
+    kwargs = _call_kwargs(args, namespace or {}, applied_device_map)
+    kwargs.update(_group_kwargs(args))
+    _check_cluster(args)
+    if args.join:
+        return _plan_join(args, kwargs)
+    return _plan_start(args, kwargs)
+
+
+def _clustered(args: Any) -> bool:
+    """Whether the line starts an ipyparallel cluster's engines or attaches to one."""
+    return args.engines is not None or args.attach is not None
+
+
+def _plan_add(args: Any) -> InitPlan:
+    """``--add N``: only ``--gpus`` goes with it."""
+    others = [f for f in _ADD_ALONE_FLAGS if getattr(args, f) not in (None, 0)]
+    if others or args.allow_remote or args.no_shm or args.ucx or args.no_zero_copy \
+            or args.collectives:
+        raise UsageError(ADD_ALONE)
+    return InitPlan("add", workers=args.add, kwargs={"gpus": args.gpus})
+
+
+def _call_kwargs(args: Any, namespace: Mapping[str, Any],
+                 applied_device_map: dict[str, Any] | None) -> dict[str, Any]:
+    """What every kind of start passes on: the device map, the threads, the timeout."""
     kwargs: dict[str, Any] = {}
     if args.device_map is not None:
-        kwargs["device_map"] = device_map_spec(args.device_map, namespace or {})
+        kwargs["device_map"] = device_map_spec(args.device_map, namespace)
     elif applied_device_map is not None:
         kwargs["device_map"] = applied_device_map
     if args.threads is not None:
         kwargs["threads"] = args.threads
     if args.timeout is not None:
         kwargs["timeout"] = args.timeout
-    clustered = args.engines is not None or args.attach is not None
+    return kwargs
+
+
+def _group_kwargs(args: Any) -> dict[str, Any]:
+    """``--collectives`` and ``--keep``: only for a group whose workers this kernel starts."""
+    kwargs: dict[str, Any] = {}
     if args.collective_timeout is not None and not args.collectives:
         raise UsageError("--collective-timeout goes with --collectives.")
-    if args.collectives and (args.join or clustered):
+    if args.collectives and (args.join or _clustered(args)):
         raise UsageError(errors.COLLECTIVES_NOT_HERE)
     if args.collectives and not args.workers:
         raise UsageError(errors.COLLECTIVES_NEED_WORKERS)
     if args.keep is not None:
-        if args.join or clustered or not args.workers:
+        if args.join or _clustered(args) or not args.workers:
             raise UsageError(errors.KEEP_NEEDS_WORKERS)
         try:
             kwargs["keep"] = kept_duration(args.keep)
@@ -299,32 +325,45 @@ def plan_init(line: str, namespace: Mapping[str, Any] | None = None,
         kwargs["collectives"] = args.collectives
         if args.collective_timeout is not None:
             kwargs["collective_timeout"] = args.collective_timeout
+    return kwargs
+
+
+def _check_cluster(args: Any) -> None:
+    """An ipyparallel cluster's flags: ``--engines`` or ``--attach``, alone."""
     if (args.launcher or args.cluster_args) and args.engines is None:
         raise UsageError(errors.LAUNCHER_NEEDS_ENGINES)
-    if clustered and (args.join or args.workers):
+    if _clustered(args) and (args.join or args.workers):
         raise UsageError(errors.ENGINES_AND_WORKERS if args.workers else CLUSTER_OR_JOIN)
     if args.engines is not None and args.attach is not None:
         raise UsageError(ENGINES_OR_ATTACH)
-    if args.join:
-        if not args.name:
-            raise UsageError(JOIN_NEEDS_NAME)
-        if args.workers:
-            raise UsageError(JOIN_NO_WORKERS)
-        if args.channels or args.transports:
-            raise UsageError(JOIN_NO_CHANNELS)
-        if args.port is not None or args.host or args.allow_remote:
-            raise UsageError(JOIN_NO_LISTEN)
-        if args.gpus is not None:
-            raise UsageError(JOIN_NO_GPUS)
-        kwargs.update(token=args.token, shm=not args.no_shm, interface=args.interface,
-                      ucx=args.ucx, zero_copy=not args.no_zero_copy)
-        return InitPlan("join", address=args.join, name=args.name, kwargs=kwargs)
+
+
+def _plan_join(args: Any, kwargs: dict[str, Any]) -> InitPlan:
+    """``--join ADDR --name NAME``: none of what only a group's first kernel decides."""
+    if not args.name:
+        raise UsageError(JOIN_NEEDS_NAME)
+    if args.workers:
+        raise UsageError(JOIN_NO_WORKERS)
+    if args.channels or args.transports:
+        raise UsageError(JOIN_NO_CHANNELS)
+    if args.port is not None or args.host or args.allow_remote:
+        raise UsageError(JOIN_NO_LISTEN)
+    if args.gpus is not None:
+        raise UsageError(JOIN_NO_GPUS)
+    kwargs.update(token=args.token, shm=not args.no_shm, interface=args.interface,
+                  ucx=args.ucx, zero_copy=not args.no_zero_copy)
+    return InitPlan("join", address=args.join, name=args.name, kwargs=kwargs)
+
+
+def _plan_start(args: Any, kwargs: dict[str, Any]) -> InitPlan:
+    """A new group: with ``--workers`` (``init``), an ipyparallel cluster's ``--engines``,
+    or the engines of a running one (``--attach``)."""
     if args.token:
         raise UsageError(TOKEN_WITH_JOIN)
     if args.host and args.port is None:
         raise UsageError(HOST_WITH_PORT)
     if args.gpus is not None:
-        if clustered:
+        if _clustered(args):
             raise UsageError(GPUS_NOT_ENGINES)
         kwargs["gpus"] = args.gpus
     kwargs.update(name=args.name or "worker0", channels=csv(args.channels),

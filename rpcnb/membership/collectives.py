@@ -20,7 +20,7 @@ from typing import Any
 
 from rpcnb import settings
 from rpcnb.errors import RpcnbError
-from rpcnb.session import protocol
+from rpcnb.session import protocol, rendezvous
 from rpcnb.session.state import Collectives, Session
 
 BACKENDS = ("gloo", "nccl", "auto")
@@ -136,7 +136,7 @@ def _store_spec(s: Session, gen: int) -> dict[str, Any]:
     if s.group_dir is not None and str(s.init_method).startswith("file://"):
         return {"file": str(s.group_dir / f"collectives-{gen}")}
     host, port = str(s.init_method)[len("tcp://"):].rsplit(":", 1)
-    return {"tcp": [host, int(port)], "prefix": f"rpcnb/collectives/{gen}"}
+    return {"tcp": [host, int(port)], "prefix": rendezvous.collectives_prefix(gen)}
 
 
 # -- on a worker -------------------------------------------------------------------------

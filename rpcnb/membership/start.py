@@ -1,6 +1,8 @@
 """How a process becomes a member: ``start_member`` (init_rpc with dynamic membership,
 under rpcnb's session), ``register`` (ask the leader to be admitted), and on the leader
-``launch_workers`` / ``wait_ready`` for the worker processes it starts.
+``launch_workers`` / ``wait_ready`` for the worker processes it starts. ``join_member``
+puts the steps in order for a process that joins a running group, as
+``founding.found_group`` does for the first member of a new one.
 
 A member becomes visible to torch's group inside ``init_rpc``, before it has finished
 setting itself up. So nobody counts it as a member until it has registered with the
@@ -30,6 +32,7 @@ from rpcnb.procs import launch
 from rpcnb.session import fence, protocol, rendezvous, roster, state
 from rpcnb.session.state import Member, Session
 from rpcnb.session.teardown import Teardown
+from rpcnb.waiting import until
 from rpcnb.wire import _rref_context, _torch, options
 
 START_TIMEOUT = 120.0
@@ -211,7 +214,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     run by ``runner``; registered with the leader when this returns (RpcnbError when the
     leader refused it). Everything that can be checked is checked before anything is
     claimed. Across hosts TensorPipe listens on ``interface`` (default: the one that
-    reaches the group's host)."""
+    reaches the group's host). ``founding.found_group`` is its mirror for a new group."""
     launch.apply_quiet_env()
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
@@ -316,31 +319,32 @@ def wait_ready(s: Session, timeout: float = START_TIMEOUT,
     fails the start at once, with its log."""
     from rpcnb import progress
 
-    deadline = time.monotonic() + timeout
     with s.lock:
         waiting = {n: w for n, w in s.procs.items() if names is None or n in names}
     board = progress.Board(f"rpcnb: starting {len(waiting)} worker(s)", list(waiting))
     for wname, w in waiting.items():
         board.set(wname, f"starting (pid {w.pid})")
+
+    def all_registered() -> bool:  # and a worker that exited ends the wait with its log
+        for wname, w in list(waiting.items()):
+            with s.lock:
+                ready = wname in s.members
+            if ready:
+                del waiting[wname]
+                board.set(wname, "ready")
+            elif not w.alive():
+                board.set(wname, f"failed: {w.how_died()}")
+                raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
+                                                            log=w.log_tail()))
+        return not waiting
+
     t0 = time.monotonic()
     try:
-        while waiting:
-            for wname, w in list(waiting.items()):
-                with s.lock:
-                    ready = wname in s.members
-                if ready:
-                    del waiting[wname]
-                    board.set(wname, "ready")
-                elif not w.alive():
-                    board.set(wname, f"failed: {w.how_died()}")
-                    raise RpcnbError(errors.START_FAILED.format(name=wname, how=w.how_died(),
-                                                                log=w.log_tail()))
-                elif time.monotonic() > deadline:
-                    board.set(wname, "did not start in time")
-                    raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
-                                                                 log=w.log_tail()))
-            if waiting:
-                time.sleep(0.02)
+        if not until(all_registered, timeout):
+            wname, w = next(iter(waiting.items()))
+            board.set(wname, "did not start in time")
+            raise RpcnbError(errors.START_TIMEOUT.format(name=wname, timeout=timeout,
+                                                         log=w.log_tail()))
     finally:
         board.close(f"rpcnb: {len(board.rows)} worker(s) started in "
                     f"{time.monotonic() - t0:.1f} s")

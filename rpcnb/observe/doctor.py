@@ -4,7 +4,9 @@ Every member answers the ``doctor`` request with ``local_report()``: plain facts
 that process (``/dev/shm``, ptrace scope, container markers, CUDA, InfiniBand devices and
 ports, RDMA fork-safety variables, ``TP_SOCKET_IFNAME``, versions, its clock). ``findings``
 turns the reports into findings, each with a level (``ok``, ``note``, ``warn``) and what to
-do; it is a pure function of the reports. ``check()`` asks every live member and adds the
+do; it is a pure function of the reports, one small function per kind of finding: those
+that read one member's report (``MEMBER_CHECKS``), then those that compare them all
+(``GROUP_CHECKS``). ``check()`` asks every live member and adds the
 leader's own checks (the connection file's mode, where the group listens) and the clock
 skew measured against this process.
 """
@@ -17,6 +19,7 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,86 +95,146 @@ def local_report() -> dict[str, Any]:
 
 def findings(reports: dict[str, dict[str, Any]]) -> list[Finding]:
     """The findings for the members' reports (``local_report`` of each, by name; a report
-    may carry ``skew_s``, ``address`` and ``kind`` added by ``check``)."""
-    out: list[Finding] = []
-    for name, r in reports.items():
-        add = lambda check, level, detail, todo="", name=name: out.append(  # noqa: E731
-            Finding(name, check, level, detail, todo))
-        said = r.get("settings") or {}
-        if said:  # the RPCNB_* variables set there, and any it cannot read
-            add("settings", "warn" if r.get("settings_wrong") else "note",
-                ", ".join(f"{k}={v}" for k, v in said.items()),
-                "; ".join(r.get("settings_wrong") or []))
-        shm_said = (f"{text.size(r.get('shm_total', 0), 'MB', 0)} "
-                    f"({text.size(r.get('shm_free', 0), 'MB', 0)} free)")
-        if r["shm_total"] < 0:
-            add("/dev/shm", "warn", "no /dev/shm", "mount a tmpfs on /dev/shm, or use --no-shm")
-        elif r["shm_total"] < SMALL_SHM:
-            add("/dev/shm", "warn", shm_said,
-                "containers default to 64 MB: run with --shm-size=8g (docker) or a larger "
-                "tmpfs; tensors larger than what is free go over TensorPipe")
-        else:
-            add("/dev/shm", "ok", shm_said)
-        scope = r["ptrace_scope"]
-        if scope is not None and scope >= 2:
-            add("cma", "warn", f"ptrace_scope={scope}: TensorPipe's cma channel cannot read "
-                "other members' memory", "echo 1 > /proc/sys/kernel/yama/ptrace_scope "
-                "(as root), or tensors between members on this host take the slower mpt_uv")
-        elif scope == 1:
-            add("cma", "note", "ptrace_scope=1: cma works between processes of the same user "
-                "that rpcnb started (they are dumpable)",
-                "if %rpc_channels shows basic where you expect cma, set ptrace_scope to 0")
-        else:
-            add("cma", "ok", "no yama restriction" if scope is None else "ptrace_scope=0")
-        if r["container"]:
-            add("container", "note", f"runs in a container ({r['container']})",
-                "check /dev/shm's size and that the members can reach each other's ports")
-        if r["cuda_initialized"] and r.get("kind") in ("kernel", None):
-            add("cuda", "note", "CUDA is initialised in this process",
-                "rpcnb forks its workers from a launcher that never initialises CUDA, so "
-                "this is safe for them; "
-                "do not fork (multiprocessing 'fork') after using CUDA")
-        ib = r["ib"]
-        if ib:
-            add("infiniband", "warn" if len(ib) > 1 else "ok",
-                "; ".join(f"{d} ({', '.join(p) or 'no ports'})" for d, p in ib.items()),
-                "TensorPipe's ibv uses the first device only: with several HCAs, give each "
-                "member the one near its GPU (e.g. export UCX_NET_DEVICES / restrict the "
-                "devices it sees)" if len(ib) > 1 else "")
-            if not r["fork_safe"]:
-                add("rdma fork", "warn", "RDMAV_FORK_SAFE is not set",
-                    "export RDMAV_FORK_SAFE=1 before starting the kernel and workers: a fork "
-                    "with registered memory corrupts RDMA transfers")
-        where = r.get("address") or ""
-        iface = r["socket_ifname"] or "(unset: the interface the host name resolves to)"
-        add("interface", "ok" if r["socket_ifname"] else "note",
-            f"listens on {where or '?'}; TP_SOCKET_IFNAME={iface}",
-            "" if r["socket_ifname"] else "give --interface (or --host) to choose it")
-        skew = r.get("skew_s")
-        if skew is not None:
-            add("clock", "warn" if abs(skew) > SKEW_S else "ok", f"{skew * 1000:+.0f} ms "
-                "against the leader", "run an NTP client (chrony) on both hosts"
-                if abs(skew) > SKEW_S else "")
+    may carry ``skew_s``, ``address`` and ``kind`` added by ``check``): each member's, in
+    the order of ``MEMBER_CHECKS``, then the group's (``GROUP_CHECKS``)."""
+    out = [found for name, r in reports.items() for look in MEMBER_CHECKS
+           for found in look(name, r)]
+    for look_at_all in GROUP_CHECKS:
+        out += look_at_all(reports)
+    return out
+
+
+# -- what each member's report says --------------------------------------------------------
+
+
+def _settings(name: str, r: dict[str, Any]) -> list[Finding]:
+    """The RPCNB_* variables set there, and any it cannot read."""
+    said = r.get("settings") or {}
+    if not said:
+        return []
+    return [Finding(name, "settings", "warn" if r.get("settings_wrong") else "note",
+                    ", ".join(f"{k}={v}" for k, v in said.items()),
+                    "; ".join(r.get("settings_wrong") or []))]
+
+
+def _shm(name: str, r: dict[str, Any]) -> list[Finding]:
+    said = (f"{text.size(r.get('shm_total', 0), 'MB', 0)} "
+            f"({text.size(r.get('shm_free', 0), 'MB', 0)} free)")
+    if r["shm_total"] < 0:
+        return [Finding(name, "/dev/shm", "warn", "no /dev/shm",
+                        "mount a tmpfs on /dev/shm, or use --no-shm")]
+    if r["shm_total"] < SMALL_SHM:
+        return [Finding(name, "/dev/shm", "warn", said,
+                        "containers default to 64 MB: run with --shm-size=8g (docker) or a "
+                        "larger tmpfs; tensors larger than what is free go over TensorPipe")]
+    return [Finding(name, "/dev/shm", "ok", said)]
+
+
+def _cma(name: str, r: dict[str, Any]) -> list[Finding]:
+    """Whether TensorPipe's cma channel may read other members' memory (ptrace scope)."""
+    scope = r["ptrace_scope"]
+    if scope is not None and scope >= 2:
+        return [Finding(name, "cma", "warn", f"ptrace_scope={scope}: TensorPipe's cma channel "
+                        "cannot read other members' memory",
+                        "echo 1 > /proc/sys/kernel/yama/ptrace_scope (as root), or tensors "
+                        "between members on this host take the slower mpt_uv")]
+    if scope == 1:
+        return [Finding(name, "cma", "note", "ptrace_scope=1: cma works between processes of "
+                        "the same user that rpcnb started (they are dumpable)",
+                        "if %rpc_channels shows basic where you expect cma, set ptrace_scope "
+                        "to 0")]
+    return [Finding(name, "cma", "ok", "no yama restriction" if scope is None
+                    else "ptrace_scope=0")]
+
+
+def _in_container(name: str, r: dict[str, Any]) -> list[Finding]:
+    if not r["container"]:
+        return []
+    return [Finding(name, "container", "note", f"runs in a container ({r['container']})",
+                    "check /dev/shm's size and that the members can reach each other's ports")]
+
+
+def _cuda(name: str, r: dict[str, Any]) -> list[Finding]:
+    if not (r["cuda_initialized"] and r.get("kind") in ("kernel", None)):
+        return []
+    return [Finding(name, "cuda", "note", "CUDA is initialised in this process",
+                    "rpcnb forks its workers from a launcher that never initialises CUDA, so "
+                    "this is safe for them; do not fork (multiprocessing 'fork') after using "
+                    "CUDA")]
+
+
+def _infiniband(name: str, r: dict[str, Any]) -> list[Finding]:
+    """The HCAs and their ports, and whether a fork is safe with RDMA."""
+    ib = r["ib"]
+    if not ib:
+        return []
+    out = [Finding(name, "infiniband", "warn" if len(ib) > 1 else "ok",
+                   "; ".join(f"{d} ({', '.join(p) or 'no ports'})" for d, p in ib.items()),
+                   "TensorPipe's ibv uses the first device only: with several HCAs, give each "
+                   "member the one near its GPU (e.g. export UCX_NET_DEVICES / restrict the "
+                   "devices it sees)" if len(ib) > 1 else "")]
+    if not r["fork_safe"]:
+        out.append(Finding(name, "rdma fork", "warn", "RDMAV_FORK_SAFE is not set",
+                           "export RDMAV_FORK_SAFE=1 before starting the kernel and workers: a "
+                           "fork with registered memory corrupts RDMA transfers"))
+    return out
+
+
+def _interface(name: str, r: dict[str, Any]) -> list[Finding]:
+    where = r.get("address") or ""
+    iface = r["socket_ifname"] or "(unset: the interface the host name resolves to)"
+    return [Finding(name, "interface", "ok" if r["socket_ifname"] else "note",
+                    f"listens on {where or '?'}; TP_SOCKET_IFNAME={iface}",
+                    "" if r["socket_ifname"] else "give --interface (or --host) to choose it")]
+
+
+def _clock(name: str, r: dict[str, Any]) -> list[Finding]:
+    skew = r.get("skew_s")
+    if skew is None:
+        return []
+    late = abs(skew) > SKEW_S
+    return [Finding(name, "clock", "warn" if late else "ok",
+                    f"{skew * 1000:+.0f} ms against the leader",
+                    "run an NTP client (chrony) on both hosts" if late else "")]
+
+
+# -- what the reports say together ---------------------------------------------------------
+
+
+def _versions(reports: dict[str, dict[str, Any]]) -> list[Finding]:
+    """One torch and one Python everywhere, and one rpcnb was tested with."""
     versions = {(r["torch"], r["torch_git"], r["python"]) for r in reports.values()}
     if len(versions) > 1:
-        for name, r in reports.items():
-            out.append(Finding(name, "versions", "warn",
-                               f"torch {r['torch']} ({r['torch_git'][:8]}), python {r['python']}",
-                               "install the same torch (and with it TensorPipe) and Python "
-                               "on every member: pickles and the RPC wire format differ"))
-    elif reports:
-        torch_v, git, py = versions.pop()
-        tested = tested_torch(torch_v)
-        out.append(Finding("all", "versions", "ok" if tested else "note",
-                           f"torch {torch_v} ({git[:8]}), python {py}",
-                           "" if tested else f"rpcnb was tested with torch {TESTED_TORCH}: "
-                           "see " + docs.ref("getting-started", "platforms")))
+        return [Finding(name, "versions", "warn",
+                        f"torch {r['torch']} ({r['torch_git'][:8]}), python {r['python']}",
+                        "install the same torch (and with it TensorPipe) and Python on every "
+                        "member: pickles and the RPC wire format differ")
+                for name, r in reports.items()]
+    if not reports:
+        return []
+    torch_v, git, py = versions.pop()
+    tested = tested_torch(torch_v)
+    return [Finding("all", "versions", "ok" if tested else "note",
+                    f"torch {torch_v} ({git[:8]}), python {py}",
+                    "" if tested else f"rpcnb was tested with torch {TESTED_TORCH}: see "
+                    + docs.ref("getting-started", "platforms"))]
+
+
+def _platforms(reports: dict[str, dict[str, Any]]) -> list[Finding]:
     platforms = {r.get("platform", "") for r in reports.values()} - {""}
-    if platforms:
-        out.append(Finding("all", "platform", "ok", ", ".join(sorted(platforms)) +
-                           " (rpcnb runs on Linux only: " +
-                           docs.ref("getting-started", "platforms") + ")"))
-    return out
+    if not platforms:
+        return []
+    return [Finding("all", "platform", "ok", ", ".join(sorted(platforms)) +
+                    " (rpcnb runs on Linux only: " +
+                    docs.ref("getting-started", "platforms") + ")")]
+
+
+# Each looks at one member's report; a new kind of finding is a function here and a row.
+MEMBER_CHECKS: tuple[Callable[[str, dict[str, Any]], list[Finding]], ...] = (
+    _settings, _shm, _cma, _in_container, _cuda, _infiniband, _interface, _clock)
+# Each looks at every member's report at once.
+GROUP_CHECKS: tuple[Callable[[dict[str, dict[str, Any]]], list[Finding]], ...] = (
+    _versions, _platforms)
 
 
 TESTED_TORCH = "2.13 and 2.14"  # make compat's range (pyproject.toml, docs/contributing.md)

@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from rpcnb import machine
+from rpcnb.session import rendezvous
 
 POLL_S = 0.25  # how often a fenced member looks for new hosts in the store
 WAIT_S = 5.0  # how long a joiner waits for the fenced members to let it in
@@ -121,14 +122,14 @@ def announce(store: Any, secret: str, addresses: list[str], wait: float = WAIT_S
     for address in addresses:
         entry = f"{address} {_mac(secret, address)}"
         while True:  # a number whose entry someone else wrote first is not ours
-            seq = int(store.add("rpcnb/hosts/n", 1))
-            if store.compare_set(f"rpcnb/hosts/{seq}", "", entry).decode() == entry:
+            seq = int(store.add(rendezvous.HOSTS_KEY, 1))
+            if store.compare_set(rendezvous.host_key(seq), "", entry).decode() == entry:
                 break
         seqs.append(seq)
     deadline = time.monotonic() + wait
     while True:
-        fences = int(store.add("rpcnb/fences", 0))
-        if all(int(store.add(f"rpcnb/hosts/{q}/in", 0)) >= fences for q in seqs):
+        fences = int(store.add(rendezvous.FENCES_KEY, 0))
+        if all(int(store.add(rendezvous.host_in_key(q), 0)) >= fences for q in seqs):
             return True
         if time.monotonic() > deadline:
             return False
@@ -148,21 +149,21 @@ class Fence:
         self.stopped = False
         # counted first: a joiner that reads the count waits for this fence, which then
         # reads its entry (every entry from the first) in its first look
-        self.store.add("rpcnb/fences", 1)
+        self.store.add(rendezvous.FENCES_KEY, 1)
         self._refresh(first=True)
         self.thread = threading.Thread(target=self._watch, name="rpcnb-fence", daemon=True)
         self.thread.start()
 
     def _refresh(self, first: bool = False) -> None:
         """Let in what the store lists that this fence has not seen yet."""
-        last = int(self.store.add("rpcnb/hosts/n", 0))
+        last = int(self.store.add(rendezvous.HOSTS_KEY, 0))
         now = time.monotonic()
         look = sorted(self.pending) + list(range(self.seen + 1,
                                                  min(last, self.seen + READ_AT_ONCE) + 1))
         self.seen = max(self.seen, min(last, self.seen + READ_AT_ONCE))
         new = []
         for seq in look:
-            key = f"rpcnb/hosts/{seq}"
+            key = rendezvous.host_key(seq)
             since = self.pending.pop(seq, now)
             if not self.store.check([key]):  # counted, not written yet
                 if now - since < PENDING_S:
@@ -186,7 +187,7 @@ class Fence:
                         del self.fds[fd]
                 self.hosts = grown
         for seq, _ in new:
-            self.store.add(f"rpcnb/hosts/{seq}/in", 1)
+            self.store.add(rendezvous.host_in_key(seq), 1)
 
     def _watch(self) -> None:
         while True:
@@ -201,7 +202,7 @@ class Fence:
         with self.lock:
             self.stopped = True  # no filter is attached after this
         with contextlib.suppress(Exception):
-            self.store.add("rpcnb/fences", -1)
+            self.store.add(rendezvous.FENCES_KEY, -1)
 
 
 def fence(store: Any, secret: str, before: set[str], mine: list[str]) -> Fence | None:

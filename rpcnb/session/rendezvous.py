@@ -332,18 +332,66 @@ def open_store(address: str, timeout: float = 5.0, prefixed: bool = True) -> Any
     return dist.PrefixStore(STORE_PREFIX, store)
 
 
+# -- the store's keys ----------------------------------------------------------------------
+# Every key rpcnb keeps in a group's store (under torch's prefix, ``_torch.STORE_PREFIX``),
+# named here once; the modules that read and write them use these names.
+
+LEADER_KEY = "rpcnb/leader"  # the leader's name: the group is open (announce_group)
+PROTOCOL_KEY = "rpcnb/protocol"  # the leader's PROTOCOL
+KEYCHECK_KEY = "rpcnb/keycheck"  # key_check(secret): a joiner has the secret, or not
+NEXT_RANK_KEY = "rpcnb/next_rank"  # a counter: the next rank to try (roster.next_rank)
+DEVICES_KEY = "rpcnb/devices"  # JSON: each member's devices and device map (roster.publish)
+UNREACHABLE_KEY = "rpcnb/unreachable"  # JSON: unreachable members, since when (roster)
+HOSTS_KEY = "rpcnb/hosts/n"  # a counter: the host entries announced to the fences
+FENCES_KEY = "rpcnb/fences"  # a counter: the fences up (session.fence)
+
+
+def name_key(name: str) -> str:
+    """Taken by the first process that claims member name ``name``, for good."""
+    return f"rpcnb/used/{name}"
+
+
+def rank_key(rank: int) -> str:
+    """Taken by the first process that claims ``rank``, for good."""
+    return f"rpcnb/rank/{rank}"
+
+
+def host_key(seq: int) -> str:
+    """Host entry ``seq`` for the fences: an address and its MAC under the secret."""
+    return f"rpcnb/hosts/{seq}"
+
+
+def host_in_key(seq: int) -> str:
+    """A counter: the fences that let host entry ``seq`` in."""
+    return f"rpcnb/hosts/{seq}/in"
+
+
+def collectives_prefix(generation: int) -> str:
+    """The prefix of the keys of the ``generation``-th process group formed over the TCP
+    store (``--collectives``): a store's keys cannot be taken back, so each has its own."""
+    return f"rpcnb/collectives/{generation}"
+
+
+def announce_group(store: Any, secret: str, leader: str) -> None:
+    """On the leader: what a joiner checks before it joins torch's group (``check_group``),
+    its name last, which says the group is open."""
+    store.set(PROTOCOL_KEY, PROTOCOL)
+    store.set(KEYCHECK_KEY, key_check(secret))
+    store.set(LEADER_KEY, leader)
+
+
 def check_group(store: Any, secret: str, addr: str) -> str:
     """Before joining: the group's leader, once the store shows a group that speaks this
     protocol and has this secret (RpcnbError otherwise). Nothing is claimed or joined
     yet, so a refusal leaves the group as it was."""
     try:
-        leader = store.get("rpcnb/leader").decode()
+        leader = store.get(LEADER_KEY).decode()
     except Exception as exc:
         raise RpcnbError(errors.JOIN_NOT_FOUND.format(addr=addr)) from exc
-    theirs = store.get("rpcnb/protocol").decode() if store.check(["rpcnb/protocol"]) \
+    theirs = store.get(PROTOCOL_KEY).decode() if store.check([PROTOCOL_KEY]) \
         else "unknown (an older rpcnb)"
     if theirs != PROTOCOL:
         raise RpcnbError(OTHER_PROTOCOL.format(addr=addr, theirs=theirs, mine=PROTOCOL))
-    if not verify(key_check(secret), store.get("rpcnb/keycheck").decode()):
+    if not verify(key_check(secret), store.get(KEYCHECK_KEY).decode()):
         raise RpcnbError(WRONG_SECRET.format(addr=addr))
     return leader

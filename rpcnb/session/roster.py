@@ -44,13 +44,13 @@ def keep_rank(rank: int) -> None:
 def claim_rank(store: Any, rank: int) -> bool:
     """Take ``rank`` in this group's store; False when someone had it."""
     mine = f"{os.getpid()}-{uuid.uuid4().hex}"
-    return bool(store.compare_set(f"rpcnb/rank/{rank}", "", mine).decode() == mine)
+    return bool(store.compare_set(rendezvous.rank_key(rank), "", mine).decode() == mine)
 
 
 def next_rank(store: Any) -> int:
     """A rank nobody in this group had: counted up, skipping ranks already claimed."""
     while True:
-        rank = int(store.add("rpcnb/next_rank", 1))
+        rank = int(store.add(rendezvous.NEXT_RANK_KEY, 1))
         if rank > MAX_RANK:
             raise RpcnbError(f"This group has used up its ranks ({MAX_RANK}): start a new group.")
         if claim_rank(store, rank):
@@ -60,7 +60,7 @@ def next_rank(store: Any) -> int:
 def claim_name(store: Any, name: str) -> None:
     """Take ``name`` for good in this group (RpcnbError NAME_TAKEN if it was ever used)."""
     mine = f"{os.getpid()}-{uuid.uuid4().hex}"
-    got = store.compare_set(f"rpcnb/used/{name}", "", mine).decode()
+    got = store.compare_set(rendezvous.name_key(name), "", mine).decode()
     if got != mine:
         raise RpcnbError(errors.NAME_TAKEN.format(name=name))
 
@@ -70,7 +70,7 @@ def publish(store: Any, name: str, devices: list[str],
     """Put ``name``'s devices and device map where a later joiner checks its own map
     against them before it joins (torch would only find a mismatch inside init_rpc, and
     then hang for rpc_timeout holding the group's token)."""
-    key = "rpcnb/devices"
+    key = rendezvous.DEVICES_KEY
     entry = {"devices": list(devices), "device_map": device_map or {}}
     while True:
         old = store.get(key).decode() if store.check([key]) else ""
@@ -83,7 +83,7 @@ def publish(store: Any, name: str, devices: list[str],
 
 def published(store: Any) -> dict[str, dict[str, Any]]:
     """Every member's devices and device map, as ``publish`` put them."""
-    key = "rpcnb/devices"
+    key = rendezvous.DEVICES_KEY
     return json.loads(store.get(key).decode()) if store.check([key]) else {}
 
 
@@ -297,23 +297,20 @@ def say_left(s: Session) -> None:
 
 # --------------------------------------------------------------------------- partitions
 
-UNREACHABLE_KEY = "rpcnb/unreachable"
-
-
 def publish_unreachable(s: Session, store: Any) -> None:
     """On the leader: which members cannot be reached now, and since when, for whoever
     wants to join (``refuse_join_while_unreachable``)."""
     with s.lock:
         said = json.dumps(dict(s.unreachable))
-    store.set(UNREACHABLE_KEY, said)
+    store.set(rendezvous.UNREACHABLE_KEY, said)
 
 
 def refuse_join_while_unreachable(store: Any) -> None:
     """Before anyone joins: RpcnbError while members are unreachable (torch's join asks
     every member and would wait for its timeout, then fail with a store timeout)."""
-    if not store.check([UNREACHABLE_KEY]):
+    if not store.check([rendezvous.UNREACHABLE_KEY]):
         return
-    found = json.loads(store.get(UNREACHABLE_KEY).decode() or "{}")
+    found = json.loads(store.get(rendezvous.UNREACHABLE_KEY).decode() or "{}")
     if not found:
         return
     names = sorted(found)

@@ -22,7 +22,7 @@ from conftest import Kernel, Seen, children_of, stopped, wait_until
 from test_panel import open_comm, send, snapshot_where, wait_for
 
 from rpcnb import errors
-from rpcnb.frontend import panel
+from rpcnb.frontend import panel, panel_actions
 from rpcnb.paths import shm
 from rpcnb.procs.processes import kill_all, pid_alive
 
@@ -301,7 +301,7 @@ def test_the_panel_lists_kept_groups_attaches_and_ends_one(kept):
     # attach: the panel adds the line to the notebook and runs it; the old value is back
     said = reply(k, comm_id, "attach", group="group1")
     assert said["ok"] and said["insert"] == "%rpc_init --attach group1", said
-    assert said["message"] == panel.ATTACH_ADDED.format(group="group1")
+    assert said["message"] == panel_actions.ATTACH_ADDED.format(group="group1")
     assert "attached to kept group group1" in k.execute(said["insert"]).stdout
     assert k.execute("%%remote worker1 --fetch\nw").text == "42"
     snap = fresh(k, comm_id, lambda s: s["group"] and s["kept"] and s["kept"][0]["mine"])
@@ -320,7 +320,7 @@ def test_the_panel_lists_kept_groups_attaches_and_ends_one(kept):
         name=f"kernel_{k.pid}"), said
     # end, from the kernel attached: as %rpc_shutdown there, nothing is left
     said = reply(k, comm_id, "end", group="group1", timeout=60)
-    assert said["ok"] and said["message"] == panel.KEPT_ENDED.format(group="group1"), said
+    assert said["ok"] and said["message"] == panel_actions.KEPT_ENDED.format(group="group1"), said
     snap = fresh(k, comm_id, lambda s: s["group"] is None)
     assert snap["kept"] == []
     assert not any(pid_alive(p) for p in [rec["pid"], *rec["workers"].values()])
@@ -362,7 +362,7 @@ def test_the_doctor_lists_kept_groups_and_the_panel_ends_one_from_another_group(
     snap = wait_for(k, comm_id, snapshot_where(lambda s: s.get("kept")))["snapshot"]
     assert snap["group"]["me"] == "worker0" and not snap["kept"][0]["mine"]
     said = reply(k, comm_id, "end", group="group1", timeout=60)
-    assert said["ok"] and said["message"] == panel.KEPT_ENDED.format(group="group1"), said
+    assert said["ok"] and said["message"] == panel_actions.KEPT_ENDED.format(group="group1"), said
     fresh(k, comm_id, lambda s: s["kept"] == [])
     assert not pid_alive(rec["pid"]) and kept.records() == []
     assert "worker0" in k.execute("%rpc_workers").text  # its own group goes on

@@ -15,7 +15,7 @@ from typing import Any
 
 from conftest import listening_addresses, worker_pids
 
-from rpcnb.frontend import panel
+from rpcnb.frontend import panel, panel_actions
 
 
 def open_comm(kernel, detail: str = "full") -> str:
@@ -123,10 +123,10 @@ def test_no_group_then_a_group_then_a_death(kernel):
     # actions answer with a line the panel shows
     send(kernel, comm_id, {"type": "action", "action": "free", "key": "nothing", "id": 7})
     reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply")
-    assert reply == {"type": "reply", "id": 7, "ok": False, "message": panel.GONE}
+    assert reply == {"type": "reply", "id": 7, "ok": False, "message": panel_actions.GONE}
     send(kernel, comm_id, {"type": "action", "action": "fetch", "key": "k", "name": "1x", "id": 8})
     reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply")
-    assert reply["message"] == panel.BAD_VARIABLE.format(name="1x")
+    assert reply["message"] == panel_actions.BAD_VARIABLE.format(name="1x")
     send(kernel, comm_id, {"type": "action", "action": "shutdown", "id": 9})
     reply = wait_for(kernel, comm_id, lambda d: d.get("type") == "reply", timeout=60)
     assert reply["ok"], reply
