@@ -140,6 +140,23 @@ def other(name: str, env: Mapping[str, str] | None = None) -> str:
     return (os.environ if env is None else env).get(name, "")
 
 
+def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether another tool's variable (one of ``BORROWED``) is set, even to ""."""
+    other(name, env)
+    return name in (os.environ if env is None else env)
+
+
+def replace(name: str, value: str | None) -> str | None:
+    """Set another tool's variable (one of ``BORROWED``) in this process (None: unset it);
+    what it was before (None: unset). ``Session.set_env`` sets one for a group this way."""
+    before = os.environ.get(name) if is_set(name) else None
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    return before
+
+
 def set_default(name: str, value: str, env: Any = None) -> None:
     """Set another tool's variable (one of ``BORROWED``) in ``env`` (this process's
     environment) unless it is set already."""

@@ -252,6 +252,8 @@ def _watch_leader(s: Any, runner: CellRunner) -> None:
     address = url[len("tcp://"):].rpartition(":")[0].strip("[]") if url.startswith("tcp://") else ""
     silent_since: float | None = None
     cut_off = False  # the leader's host itself answers nothing
+    # a heartbeat, not a wait for one thing (rpcnb.waiting): each ping's answer decides anew
+    # (the leader answers, is silent, or its host is cut off) and counts since when
     while not s.closing:
         time.sleep(1.0)
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpcnb import errors, machine
+from rpcnb import errors, machine, settings
 from rpcnb.membership import collectives as coll
 from rpcnb.membership import failures, kept, start
 from rpcnb.procs import launch
@@ -92,7 +92,7 @@ def found_group(name: str, workers: list[str], opts: dict[str, Any],
     formed and the death watcher runs. The arguments were checked (``api.init``); a failure
     at any step unwinds what came up before the error is raised."""
     _torch.check_interface(meeting.interface if meeting.remote
-                           else os.environ.get("TP_SOCKET_IFNAME", ""))
+                           else settings.other("TP_SOCKET_IFNAME"))
     if workers:
         launch.warm_up()  # already running when %rpc_init or rpcnb.init started it
     rendezvous.sweep_groups()  # what killed kernels left behind, their secrets included

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpcnb import errors, machine, telemetry
+from rpcnb import errors, machine, settings, telemetry
 from rpcnb.cells.output import install_routing, shell
 from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
@@ -81,7 +81,7 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     s.teardown.push("UCX", ucx.deactivate)
     for key, value in (env or {}).items():
         s.set_env(key, value)
-    iface = os.environ.get("TP_SOCKET_IFNAME", "")
+    iface = settings.other("TP_SOCKET_IFNAME")
     _torch.check_interface(iface)
     # torch prefixes the store with a per-process init counter; every rpcnb group uses
     # a fresh store, so a kernel re-initialising after shutdown starts from 0 again.
@@ -157,7 +157,7 @@ def self_info(s: Session) -> dict[str, Any]:
         "host": socket.gethostname(),
         "kind": s.kind,
         "devices": machine.cuda_devices(),
-        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "") if runner and runner.on_main else "",
+        "gpus": settings.other("CUDA_VISIBLE_DEVICES") if runner and runner.on_main else "",
         "cells": runner.cells_run if runner is not None else 0,
         "torch": torch.__version__,
         "memory": view.memory_info(),
@@ -232,7 +232,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
         if not machine.is_loopback(host.strip("[]")):
             opts["one_host"] = False
             env.setdefault("TP_SOCKET_IFNAME", machine.interface_towards(host.strip("[]"), int(port)))
-    _torch.check_interface(env.get("TP_SOCKET_IFNAME", os.environ.get("TP_SOCKET_IFNAME", "")))
+    _torch.check_interface(env.get("TP_SOCKET_IFNAME", settings.other("TP_SOCKET_IFNAME")))
     store = rendezvous.open_store(conn.address)
     leader = rendezvous.check_group(store, conn.secret, address)
     roster.refuse_join_while_unreachable(store)

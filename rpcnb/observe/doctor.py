@@ -43,8 +43,8 @@ class Finding:
 def _container() -> str:
     """Why this process looks like it runs in a container ('' when it does not)."""
     why = [path for path in CONTAINER_FILES if os.path.exists(path)]
-    if os.environ.get("container"):
-        why.append(f"container={os.environ['container']}")
+    if settings.other("container"):
+        why.append(f"container={settings.other('container')}")
     cgroup = machine.read_file("/proc/1/cgroup") or ""
     why += [f"/proc/1/cgroup mentions {word}"
             for word in ("docker", "kubepods", "containerd", "libpod") if word in cgroup]
@@ -80,11 +80,12 @@ def local_report() -> dict[str, Any]:
         "pid": os.getpid(), "shm_total": shm_total, "shm_free": shm_free,
         "ptrace_scope": int(scope) if scope and scope.isdigit() else None,
         "container": _container(), "ib": _ib_ports(),
-        "fork_safe": {v: os.environ[v] for v in ("RDMAV_FORK_SAFE", "IBV_FORK_SAFE")
-                      if v in os.environ},
+        "fork_safe": {v: settings.other(v) for v in ("RDMAV_FORK_SAFE", "IBV_FORK_SAFE")
+                      if settings.is_set(v)},
         "cuda_initialized": cuda_init,
-        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "socket_ifname": os.environ.get("TP_SOCKET_IFNAME", ""),
+        "cuda_visible": settings.other("CUDA_VISIBLE_DEVICES")
+        if settings.is_set("CUDA_VISIBLE_DEVICES") else None,
+        "socket_ifname": settings.other("TP_SOCKET_IFNAME"),
         "torch": getattr(torch, "__version__", "") if torch is not None else "",
         "torch_git": getattr(getattr(torch, "version", None), "git_version", "") or "",
         "python": platform.python_version(), "time": time.time(),

@@ -39,6 +39,8 @@ import sys
 import traceback
 from typing import Any
 
+from rpcnb import settings
+
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
@@ -232,7 +234,7 @@ def main(program: str) -> None:
     kernel_pid = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _leave_terminal()
-    os.environ.setdefault(NVML_CHECK, "1")
+    settings.set_default(NVML_CHECK, "1")
     preload(program)
     try:
         serve(program, kernel_pid)

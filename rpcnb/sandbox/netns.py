@@ -238,6 +238,8 @@ def _linger(directory: Path, me: Holder) -> None:
     """Keep the namespace while processes are in it; return once none has been for
     LINGER_S seconds and no launcher is about to enter it (the lock)."""
     idle_since: float | None = None
+    # a heartbeat, not a wait for one thing (rpcnb.waiting): each look decides anew (anyone
+    # in the namespace, idle for how long, a launcher holding the lock)
     while True:
         time.sleep(POLL_S)
         if _members(me.net):

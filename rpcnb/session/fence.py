@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from rpcnb import machine
+from rpcnb import machine, waiting
 from rpcnb.session import rendezvous
 
 POLL_S = 0.25  # how often a fenced member looks for new hosts in the store
@@ -126,14 +126,11 @@ def announce(store: Any, secret: str, addresses: list[str], wait: float = WAIT_S
             if store.compare_set(rendezvous.host_key(seq), "", entry).decode() == entry:
                 break
         seqs.append(seq)
-    deadline = time.monotonic() + wait
-    while True:
+    def everyone_let_us_in() -> bool:
         fences = int(store.add(rendezvous.FENCES_KEY, 0))
-        if all(int(store.add(rendezvous.host_in_key(q), 0)) >= fences for q in seqs):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S / 2)
+        return all(int(store.add(rendezvous.host_in_key(q), 0)) >= fences for q in seqs)
+
+    return waiting.until(everyone_let_us_in, wait, every=POLL_S / 2)
 
 
 class Fence:

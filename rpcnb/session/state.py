@@ -9,7 +9,6 @@ member is let in.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpcnb import errors, text
+from rpcnb import errors, settings, text
 from rpcnb.errors import RpcnbError
 from rpcnb.procs import launch
 from rpcnb.session import rendezvous
@@ -409,17 +408,13 @@ class Session:
 
     def set_env(self, key: str, value: str) -> None:
         """Set an environment variable for this group only (``restore`` puts it back)."""
-        if key not in self.restore_env:
-            self.restore_env[key] = os.environ.get(key)
-        os.environ[key] = value
+        before = settings.replace(key, value)
+        self.restore_env.setdefault(key, before)
 
     def restore(self) -> None:
         """Put back the environment variables this group changed."""
         for key, value in self.restore_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            settings.replace(key, value)
         self.restore_env.clear()
 
 
