@@ -91,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _note(s: Any, rec: Any) -> None:
     """Who is in the group now: workers (and their pids), the dead, the kernel attached."""
-    with s.lock:
-        members = list(s.members.values())
-        dead = dict(s.dead)
+    members, dead = s.records(), s.dead()
     workers = sorted((m for m in members if m.kind not in ("kernel", "keeper")),
                      key=lambda m: m.rank)
     rec.workers = {m.name: int(m.pid or 0) for m in workers if m.name not in dead}

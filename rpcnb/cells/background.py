@@ -319,7 +319,7 @@ def current_lines(found: list[BackgroundCell],
         if sent is None or j.ready():
             continue
         for c in list(sent.calls.values()):
-            if not c.done and c.worker not in s.dead and c.worker not in s.unreachable:
+            if not c.done and not s.is_dead(c.worker) and not s.is_unreachable(c.worker):
                 try:
                     asked.append((j.id, c, protocol.call_async(s.token, c.worker, "running",
                                                                timeout=timeout)))

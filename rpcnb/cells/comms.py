@@ -227,7 +227,7 @@ def _closed_by_front_end(worker: str, cid: str, msg: dict[str, Any]) -> None:
 def _to_worker(worker: str, cid: str, kind: str, msg: dict[str, Any]) -> None:
     """Send what the front end said to a relayed widget on to its worker."""
     s = state.active()
-    how = "the group has ended" if s is None else s.dead.get(worker)
+    how = "the group has ended" if s is None else s.how_gone(worker)
     if how is not None:
         _gone(worker, how)
         return
@@ -248,7 +248,7 @@ def _to_worker(worker: str, cid: str, kind: str, msg: dict[str, Any]) -> None:
         try:
             f.wait()
         except Exception as exc:
-            _gone(worker, s.dead.get(worker) or f"{type(exc).__name__}: {exc}")
+            _gone(worker, s.how_gone(worker) or f"{type(exc).__name__}: {exc}")
         finally:
             arrived.set()
 

@@ -369,7 +369,7 @@ def look_at_queues(s: Any, calls: dict[str, Any], told: set[str], waited: float)
         return False
     for c in calls.values():
         if c.position is None and not c.done and c.next_seq == 0 and not c.held \
-                and c.worker not in told and c.worker not in s.dead:
+                and c.worker not in told and not s.is_dead(c.worker):
             try:
                 c.position = protocol.call_async(s.token, c.worker, "cell_position",
                                                  c.call_id, timeout=5)

@@ -125,7 +125,7 @@ class Sent:
                 return
             self.interrupted = True
         for c in self.calls.values():
-            if not c.done and c.worker not in s.dead:
+            if not c.done and not s.is_dead(c.worker):
                 try:
                     protocol.call_async(s.token, c.worker, "interrupt", c.call_id, timeout=5)
                 except Exception:
@@ -324,10 +324,10 @@ class Waiter:
                 and proc.stopped():
             call.warned = True
             print(STOPPED_NOTICE.format(name=call.worker, pid=proc.pid), file=sys.stderr)
-        if call.worker in s.dead:
+        if s.is_dead(call.worker):
             call.done = True
             call.error = WorkerDiedError(s.death_message(call.worker), call.worker)
-        elif call.worker in s.unreachable:
+        elif s.is_unreachable(call.worker):
             call.done = True
             call.error = WorkerUnreachableError(s.unreachable_message(call.worker), call.worker)
 
@@ -378,9 +378,9 @@ def failure(s: Session, worker: str, exc: BaseException) -> BaseException:
     proc = s.procs.get(worker)
     if proc is not None and not proc.left:
         # the watcher notices the exit within a fraction of a second, and cleans up
-        waiting.until(lambda: worker in s.dead, 3.0)
-    if worker in s.dead:
+        waiting.until(lambda: s.is_dead(worker), 3.0)
+    if s.is_dead(worker):
         return WorkerDiedError(s.death_message(worker), worker)
-    if worker in s.unreachable:
+    if s.is_unreachable(worker):
         return WorkerUnreachableError(s.unreachable_message(worker), worker)
     return WorkerDiedError(f"The call to {worker!r} failed: {exc}", worker)

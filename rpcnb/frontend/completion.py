@@ -38,6 +38,7 @@ from IPython.core.completer import (
 from rpcnb import errors
 from rpcnb.frontend import plans
 from rpcnb.session import state
+from rpcnb.session.state import Status
 
 # a %%remote cell: blank lines, the magic's line, and the body from the next line on
 _CELL = re.compile(r"\s*%%remote(?=[ \t\n])([^\n]*)\n")
@@ -65,9 +66,8 @@ def _member(s: Any, line: str) -> str | None:
         args = plans.parse(plans.remote, line)
     except Exception:  # a line being typed
         return None
-    with s.lock:
-        alive = [m.name for m in sorted(s.members.values(), key=lambda m: m.rank)
-                 if m.alive and m.name not in s.dead and m.name not in s.unreachable]
+    alive = [m.name for m in sorted(s.records(), key=lambda m: m.rank)
+             if m.status is Status.ALIVE]
     if args.all:
         return next((n for n in alive if n != s.name), None)
     first = next(iter(plans.csv(args.target) or []), None)
@@ -79,9 +79,8 @@ def worker_names() -> list[str]:
     s = state.active()
     if s is None:
         return []
-    with s.lock:
-        return [m.name for m in sorted(s.members.values(), key=lambda m: m.rank)
-                if m.alive and m.name != s.name and m.name not in s.dead]
+    return [m.name for m in sorted(s.records(), key=lambda m: m.rank)
+            if m.alive and m.name != s.name]
 
 
 # -- the magic's line ----------------------------------------------------------------------

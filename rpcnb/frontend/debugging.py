@@ -37,7 +37,7 @@ def _members() -> set[str]:
     if not state.is_initialized():
         return set()
     s = state.current()
-    return {n for n, m in list(s.members.items()) if n != s.name and m.alive and n not in s.dead}
+    return {n for n, m in list(s.members.items()) if n != s.name and m.alive}
 
 
 def target(value: Any) -> Target | None:

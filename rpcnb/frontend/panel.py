@@ -24,6 +24,7 @@ from rpcnb import telemetry
 from rpcnb.frontend import panel_actions, rrefs
 from rpcnb.frontend.held import Held, find_rrefs
 from rpcnb.session import state
+from rpcnb.session.state import Status
 from rpcnb.waiting import Deadline
 
 TARGET = "rpcnb.panel"
@@ -69,7 +70,7 @@ def member_rows(group: Any, running: set[str] | frozenset[str] = frozenset()) ->
             "me": m.name == group.me, "running": m.name in running,
             # the cell it runs and where (the front end counts the seconds from "since")
             "busy": {k: v for k, v in m.busy.items() if k != "seconds"}
-            if m.busy and m.alive and not m.unreachable else None,
+            if m.busy and m.status is Status.ALIVE else None,
         })
     return rows
 
@@ -292,8 +293,7 @@ class Publisher:
             owner = rref.owner_name()
         except Exception as exc:
             return {"owner": "?", "error": _first_line(exc)}
-        with s.lock:
-            how = s.dead.get(owner)
+        how = s.how_gone(owner)
         if how is not None:
             info: dict[str, Any] = {"owner": owner, "error": f"{owner} is gone ({how})"}
             self._described[key] = (0.0, info)

@@ -109,7 +109,7 @@ def reform(s: Session) -> str:
     if info is None:
         return ""
     workers = sorted(info.ranks, key=info.ranks.__getitem__)
-    live = [w for w in workers if w not in s.dead]
+    live = [w for w in workers if not s.is_dead(w)]
     if len(live) != len(workers):
         return ""
     futures = [protocol.call_async(s.token, w, "collectives_end", timeout=30) for w in workers]

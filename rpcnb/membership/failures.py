@@ -25,7 +25,7 @@ from rpcnb.membership import leave
 from rpcnb.paths import shm
 from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
-from rpcnb.session.state import Session
+from rpcnb.session.state import Session, Status
 from rpcnb.wire import _torch
 
 POLL = 0.2  # seconds between looks
@@ -63,15 +63,14 @@ def watch(s: Session) -> None:
     reach: dict[str, Reach] = {}
     while not s.closing:
         time.sleep(POLL)
-        with s.lock:
-            found = [(w.name, w.how_died()) for w in s.procs.values()
-                     if not w.left and w.name not in s.dead and not w.alive()]
-            joined = [(m.name, m.kind, m.pid) for m in s.members.values()
-                      if m.kind in JOINED and m.name != s.name and m.alive
-                      and m.host == host and m.pid and m.name not in s.dead]
-            pinged = [(m.name, host_of(m.address)) for m in s.members.values()
-                      if m.name != s.name and m.name not in s.dead
-                      and m.name not in s.procs]
+        started, members = s.workers_started(), s.records()
+        found = [(w.name, w.how_died()) for w in started.values()
+                 if not w.left and not s.is_dead(w.name) and not w.alive()]
+        joined = [(m.name, m.kind, m.pid) for m in members
+                  if m.kind in JOINED and m.name != s.name and m.alive
+                  and m.host == host and m.pid]
+        pinged = [(m.name, host_of(m.address)) for m in members
+                  if m.name != s.name and m.status is not Status.DEAD and m.name not in started]
         found += [(name, f"its {kind} process is gone") for name, kind, pid in joined
                   if not processes.pid_alive(pid)]
         watched = {name for name, _, _ in joined}  # their pid says how they died
@@ -84,7 +83,7 @@ def watch(s: Session) -> None:
         for name, how in found:
             if s.closing:
                 return
-            if name in s.dead:
+            if s.is_dead(name):
                 continue
             reach.pop(name, None)
             if s.reachable(name) is not None:
@@ -119,7 +118,7 @@ class Reach:
                 fut.wait()
                 self.answered = now
             except Exception as exc:
-                if process_gone(exc) and not s.closing and self.name not in s.dead:
+                if process_gone(exc) and not s.closing and not s.is_dead(self.name):
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     return f"its connection broke ({first[:80]})"
         if now - self.sent_at >= PING_EVERY:
@@ -141,7 +140,7 @@ class Reach:
         heard = machine.heard_from(self.address) if self.address else None
         if heard is not None and heard < UNREACHABLE_S:
             return None  # its host acknowledges: busy, not cut off
-        if self.name not in s.unreachable:
+        if not s.is_unreachable(self.name):
             quiet = silent if heard is None else min(silent, heard)
             s.mark_unreachable(self.name, time.time() - quiet)
             _publish(s)
@@ -160,10 +159,10 @@ def declare(s: Session, name: str, how: str) -> None:
     """``name`` died (``how``): see the module's docstring."""
     s.mark_dead(name, how)
     comms.worker_died(name)  # its widgets close in the front end
-    with s.lock:
-        pid = s.members[name].pid if name in s.members else None
-        # which process of that name died: %rpc_restart may admit a new one meanwhile
-        rank = s.members[name].rank if name in s.members else -1
+    m = s.members.get(name)
+    pid = m.pid if m is not None else None
+    # which process of that name died: %rpc_restart may admit a new one meanwhile
+    rank = m.rank if m is not None else -1
     if pid:
         shm.remove_segments_of(pid)
     try:

@@ -58,7 +58,7 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
     if s.watcher is not None:
         s.watcher.join(1)
     # an unreachable member would not hear it: it is only removed from torch's group
-    others = [n for n in roster.live_names(s) if n != s.name and n not in s.unreachable]
+    others = [n for n in roster.live_names(s) if n != s.name and not s.is_unreachable(n)]
     for name in others:
         proc = s.procs.get(name)
         if proc is not None:
@@ -71,7 +71,8 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
             pass
     def everyone_left() -> bool:
         gone = {n for n, w in s.procs.items() if not w.alive()}
-        return not set(_torch.member_names()) - {s.name} - set(s.dead) - gone - set(s.unreachable)
+        return not {n for n in _torch.member_names() if n != s.name and n not in gone
+                    and not s.is_dead(n) and not s.is_unreachable(n)}
 
     deadline = waiting.Deadline.after(timeout)
     waiting.until(everyone_left, timeout, every=0.05)
@@ -87,7 +88,7 @@ def shutdown_group(s: Session, timeout: float = 10.0) -> None:
             pass
     # everyone else is gone: this member leaves in order; but torch's graceful leave waits
     # for every call in flight, and a call to an unreachable member never ends: at once
-    s.leaving = (not s.unreachable, 5.0)
+    s.leaving = (not s.unreachable(), 5.0)
     s.teardown.close()
 
 

@@ -79,7 +79,7 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
     else:
         was = f"dead ({proc.how_died()})"
     # the death watcher removes it from torch's group and tells all
-    if not waiting.until(lambda: name in s.dead, DECLARE_WAIT):
+    if not waiting.until(lambda: s.is_dead(name), DECLARE_WAIT):
         from rpcnb.membership import failures
 
         failures.declare(s, name, launch.how_died(proc.proc.returncode))
@@ -149,7 +149,7 @@ def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TI
     if any(entry.get("device_map") for entry in roster.published(store).values()):
         raise RpcnbError(errors.ADD_WITH_DEVICE_MAPS)
     with s.lock:
-        used = set(s.procs) | set(s.members) | set(s.dead)
+        used = set(s.procs) | set(s.members)
     top = max([int(m.group(1)) for u in used if (m := re.fullmatch(r"worker(\d+)", u))],
               default=0)
     names = [f"worker{top + k}" for k in range(1, n + 1)]

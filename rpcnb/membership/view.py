@@ -14,7 +14,7 @@ from rpcnb import machine, settings, telemetry
 from rpcnb.paths import shm
 from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
-from rpcnb.session.state import Group, Member
+from rpcnb.session.state import Group, Status
 from rpcnb.wire import _torch
 
 ASK_S = 3.0  # how long %rpc_workers waits for each member to describe itself
@@ -63,10 +63,9 @@ def ask_busy(s: state.Session, timeout: float = BUSY_ASK_S) -> None:
             busy = fut.wait()
         except Exception:
             continue
-        with s.lock:
-            m = s.members.get(name)
-            if m is not None:
-                m.busy = busy
+        m = s.members.get(name)
+        if m is not None:
+            s.note(name, m.rank, busy=busy)
 
 
 def group(refresh: bool = True) -> Group:
@@ -95,7 +94,7 @@ def group(refresh: bool = True) -> Group:
     if refresh:
         for name in infos:
             # an unreachable member is not asked: the watcher's pings say when it is back
-            if name != s.name and name not in s.dead and name not in s.unreachable:
+            if name != s.name and not s.is_dead(name) and not s.is_unreachable(name):
                 try:
                     futs[name] = (time.perf_counter(), protocol.call_async(
                         s.token, name, "describe_self", timeout=ASK_S))
@@ -105,40 +104,26 @@ def group(refresh: bool = True) -> Group:
         try:
             info = fut.wait()
         except Exception as exc:
-            if name in s.unreachable:
-                continue  # the watcher found meanwhile: shown as unreachable below
-            with s.lock:
-                m = s.members.setdefault(name, Member(name, infos[name]))
-                m.alive, m.how = False, f"not answering ({(str(exc).splitlines() or [repr(exc)])[0]})"
+            # (one the watcher found unreachable meanwhile is shown as that)
+            s.mark_silent(name, f"not answering ({(str(exc).splitlines() or [repr(exc)])[0]})")
             continue
         telemetry.record(name, "describe", telemetry.now(), time.perf_counter() - t0)
-        with s.lock:
-            m = s.members.setdefault(name, Member(name, infos[name]))
-            m.host, m.pid, m.kind, m.devices = info["host"], info["pid"], info["kind"], info["devices"]
-            m.gpus = info.get("gpus", "")
-            m.address = info.get("address", "")
-            m.memory = info.get("memory", {})
-            m.busy = info.get("running")
-            m.alive, m.how = True, ""  # it answers (again)
+        s.note(name, infos[name], host=info["host"], pid=info["pid"], kind=info["kind"],
+               devices=info["devices"], gpus=info.get("gpus", ""),
+               address=info.get("address", ""), memory=info.get("memory", {}),
+               busy=info.get("running"))
+        s.answered(name)  # it answers (again)
+    me = s.members.get(s.name)
+    if me is None:
+        me = s.note(s.name, s.rank, host=socket.gethostname(), pid=os.getpid(), kind="kernel",
+                    devices=machine.cuda_devices())
+    s.note(s.name, s.rank, address=me.address or listen_address(), memory=memory_info(),
+           busy=running_now(s))
     rows = []
-    with s.lock:
-        if s.name not in s.members:
-            s.members[s.name] = Member(s.name, s.rank, socket.gethostname(), os.getpid(),
-                                       "kernel", machine.cuda_devices())
-        if not s.members[s.name].address:
-            s.members[s.name].address = listen_address()
-        s.members[s.name].memory = memory_info()
-        s.members[s.name].busy = running_now(s)
-        for name in set(infos) | set(s.dead):
-            m = s.members.setdefault(name, Member(name, infos.get(name, -1)))
-            if name in s.dead:
-                m.alive, m.how = False, s.dead[name]
-            since = s.unreachable.get(name)
-            m.unreachable = "" if since is None or name in s.dead else (
-                f"since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                f"({time.time() - since:.0f} s)")
-            stats = telemetry.summary(name)
-            m.calls, m.recent_ms = stats["calls"], stats["recent_ms"]
+    for m in s.records():
+        if m.name in infos or m.status is Status.DEAD:
+            stats = telemetry.summary(m.name)
+            s.note(m.name, m.rank, calls=stats["calls"], recent_ms=stats["recent_ms"])
             rows.append(m)
     rows.sort(key=lambda m: m.rank)
     address = str(s.connection_path) if s.connection_path else s.init_method

@@ -68,21 +68,16 @@ def gather(names: list[str] | None = None, timeout: float = 10.0) -> dict[str, F
     for name in wanted:
         if name not in live:
             raise ValueError(NOT_IN_GROUP.format(name=name, known=", ".join(live)))
+    known = s.facts_of(wanted)
     futs = {}
     for name in wanted:
-        with s.lock:
-            known = name in s.facts
-        if name == s.name and not known:
-            with s.lock:
-                s.facts[name] = local_facts()
-        elif not known:
+        if name == s.name and name not in known:
+            s.note_facts(name, local_facts())
+        elif name not in known:
             futs[name] = protocol.call_async(s.token, name, "facts", timeout=timeout)
     for name, fut in futs.items():
-        got = fut.wait()
-        with s.lock:
-            s.facts[name] = got
-    with s.lock:
-        return {name: Facts.from_dict(s.facts[name]) for name in wanted}
+        s.note_facts(name, fut.wait())
+    return {name: Facts.from_dict(facts) for name, facts in s.facts_of(wanted).items()}
 
 
 # -- what each process registers ---------------------------------------------------------

@@ -216,9 +216,7 @@ def who(workers: list[str] | None = None, *, timeout: float = WHO_S) -> Variable
 
     s = state.current()
     live = roster.live_names(s)
-    with s.lock:
-        dead = dict(s.dead)
-        unreachable = set(s.unreachable)
+    dead, unreachable = s.dead(), s.unreachable()
     names: list[str] = []
     for name in workers or [n for n in live if n != s.name]:
         if name not in live and name not in dead:
@@ -245,8 +243,7 @@ def who(workers: list[str] | None = None, *, timeout: float = WHO_S) -> Variable
         try:
             found[name] = MemberVariables(name, rows=fut.wait())
         except Exception as exc:
-            with s.lock:
-                how = s.dead.get(name)
+            how = s.how_gone(name)
             found[name] = MemberVariables(name, "dead", how) if how is not None else \
                 MemberVariables(name, "silent", _why(exc, timeout))
     return Variables([found[n] for n in names])

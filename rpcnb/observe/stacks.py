@@ -192,9 +192,7 @@ def stacks(workers: list[str] | None = None, *, every: bool = False, full: bool 
     s = state.current()
     t0 = time.perf_counter()
     live = roster.live_names(s)
-    with s.lock:
-        dead = dict(s.dead)
-        unreachable = dict(s.unreachable)
+    dead, unreachable = s.dead(), s.unreachable()
     if workers:
         names: list[str] = []
         for name in workers:
@@ -226,8 +224,7 @@ def stacks(workers: list[str] | None = None, *, every: bool = False, full: bool 
         try:
             answer = fut.wait()
         except Exception as exc:
-            with s.lock:
-                how = s.dead.get(name)
+            how = s.how_gone(name)
             found[name] = MemberStacks(name, "dead", how) if how is not None else \
                 MemberStacks(name, "silent", _why(exc, timeout))
             continue

@@ -50,7 +50,7 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
     the call has completed."""
     peer = to if type(to) is str else str(getattr(to, "name", to))
     s = state.active()
-    if s is not None and s.unreachable and peer in s.unreachable \
+    if s is not None and s.is_unreachable(peer) \
             and getattr(func, "rpcnb_op_index", None) is None:
         # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
         # pings that find it back) still go
@@ -155,7 +155,7 @@ class InFlight:
         s.watch_call(peer, self)
         raw = inner._fut if isinstance(inner, _Timed) else inner
         raw.add_done_callback(self._completed)
-        if peer in s.unreachable:  # marked between the send and the watch
+        if s.is_unreachable(peer):  # marked between the send and the watch
             self.fail(WorkerUnreachableError(s.unreachable_message(peer), peer))
 
     def _completed(self, fut: Any) -> None:

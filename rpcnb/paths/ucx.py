@@ -212,7 +212,7 @@ def _sweep(s: Any, now: float) -> None:
     lost), and at once those sent to a member that died since (under ``_lock``)."""
     timeout = float(s.options.get("timeout", 60.0)) * 2
     for tag, (_, when, peer) in list(_outbox.items()):
-        if now - when > timeout or (peer and peer in s.dead):
+        if now - when > timeout or (peer and s.is_dead(peer)):
             del _outbox[tag]
 
 
@@ -414,8 +414,8 @@ def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
                     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     break
             return
-        if peer in s.dead:
-            reason = f"{peer} died ({s.dead[peer]})"
+        if s.is_dead(peer):
+            reason = f"{peer} died ({s.how_gone(peer)})"
         elif fut is not None and fut.done():
             try:
                 fut.wait()

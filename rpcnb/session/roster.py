@@ -17,7 +17,7 @@ from typing import Any
 from rpcnb import errors
 from rpcnb.errors import RpcnbError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.session import protocol, rendezvous, state
-from rpcnb.session.state import ALL, Member, Session
+from rpcnb.session.state import ALL, Member, Session, Status
 from rpcnb.wire import _gather, _torch
 
 MAX_RANK = 32767  # torch's worker ids are int16
@@ -97,16 +97,14 @@ def admit(s: Session, name: str, rank: int, info: dict[str, Any], proof: str) ->
     if not rendezvous.verify(rendezvous.proof(s.secret, name, rank), proof):
         threading.Thread(target=forget, args=(s, name), name="rpcnb-refuse", daemon=True).start()
         return None
-    with s.lock:
-        s.members[name] = Member(name, rank, info["host"], info["pid"], info["kind"],
-                                 info["devices"], info.get("gpus", ""),
-                                 address=info.get("address", ""))
-        if info.get("facts"):
-            s.facts[name] = info["facts"]
+    s.add_member(Member(name, rank, info["host"], info["pid"], info["kind"], info["devices"],
+                        info.get("gpus", ""), address=info.get("address", "")))
+    if info.get("facts"):
+        s.note_facts(name, info["facts"])
     admitted = s.admitted()
     names_changed(s)
     for other, _ in admitted:  # the others' views of the group take it in too
-        if other not in (s.name, name) and other not in s.unreachable:
+        if other not in (s.name, name) and not s.is_unreachable(other):
             with contextlib.suppress(Exception):
                 protocol.call_async(s.token, other, "member_joined", name, rank, timeout=5)
     return admitted
@@ -116,14 +114,11 @@ def learn_member(s: Session, name: str, rank: int) -> None:
     """The leader admitted ``name`` as ``rank`` (``admit``): this member counts it from now
     on, also when the death of an earlier process of that name (``%rpc_restart``: another
     rank) reached it after the leader's ``member_back``."""
-    with s.lock:
-        m = s.members.get(name)
-        if name in s.dead:
-            if m is not None and m.rank == rank:
-                return  # this very process died since it was admitted
-            del s.dead[name]
-        if m is None or not m.alive or m.rank != rank:
-            s.members[name] = Member(name, rank)
+    m = s.members.get(name)
+    if m is not None and m.status is Status.DEAD and m.rank == rank:
+        return  # this very process died since it was admitted
+    if m is None or not m.alive or m.rank != rank:
+        s.add_member(Member(name, rank))
     names_changed(s)
 
 
@@ -131,12 +126,11 @@ def death_heard(s: Session, name: str, how: str, rank: int = -1) -> None:
     """The leader says ``name`` died (``how``; ``rank``: which process of that name, -1
     when not known), or ``name`` says it leaves (``how`` is "left"). The death of an
     earlier process of a name admitted again since (a restart) is not this one's."""
-    with s.lock:
-        m = s.members.get(name)
-        if rank >= 0 and m is not None and m.alive and m.rank != rank:
-            return
-        if m is None and rank >= 0:
-            s.members[name] = Member(name, rank)
+    m = s.members.get(name)
+    if rank >= 0 and m is not None and m.alive and m.rank != rank:
+        return
+    if m is None and rank >= 0:
+        s.add_member(Member(name, rank))
     s.mark_dead(name, how)
     member_gone(s, name)
 
@@ -144,13 +138,10 @@ def death_heard(s: Session, name: str, how: str, rank: int = -1) -> None:
 def live_names(s: Session, ask: bool = True) -> list[str]:
     """Members that are alive and admitted, by rank (``ask``: a member this one has not
     heard of is asked about from the leader)."""
-    names = [n for n in _torch.member_names() if n not in s.dead]
-    with s.lock:
-        unknown = any(n not in s.members for n in names)
-    if unknown and ask and not s.is_leader:
+    names = [n for n in _torch.member_names() if not s.is_dead(n)]
+    if ask and not s.is_leader and any(n not in s.members for n in names):
         refresh(s)
-    with s.lock:
-        return [n for n in names if n in s.members]
+    return [n for n in names if n in s.members]
 
 
 def refresh(s: Session) -> None:
@@ -159,9 +150,9 @@ def refresh(s: Session) -> None:
         admitted = protocol.call(s.token, s.leader, "registry", timeout=5)
     except Exception:
         return
-    with s.lock:
-        for name, rank in admitted:
-            s.members.setdefault(name, Member(name, rank))
+    for name, rank in admitted:
+        if name not in s.members:
+            s.add_member(Member(name, rank), replace=False)
 
 
 def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], bool]:
@@ -169,7 +160,7 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     result is a dict (several targets named)."""
     if type(target) is str and "," not in target and target != ALL:
         m = s.members.get(target)  # one admitted member, alive: every cell to one worker
-        if m is not None and m.alive and target not in s.dead and target not in s.unreachable:
+        if m is not None and m.status is Status.ALIVE:
             return [target], False
     live = live_names(s)
     if target is None or target == ALL:
@@ -192,9 +183,9 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     for p in parts:
         if not p:
             continue
-        if p in s.dead:
+        if s.is_dead(p):
             raise WorkerDiedError(s.death_message(p), p)
-        if p in s.unreachable:
+        if s.is_unreachable(p):
             raise WorkerUnreachableError(s.unreachable_message(p), p)
         if p not in live:
             raise RpcnbError(errors.UNKNOWN_WORKER.format(name=p, known=", ".join(live)))
@@ -274,7 +265,7 @@ def _gone(names: Iterable[str]) -> dict[str, str]:
         members = set()
     said = {}
     for name in names:
-        if s is not None and name in s.dead:
+        if s is not None and s.is_dead(name):
             said[name] = s.death_message(name)
         elif name not in members:
             said[name] = errors.NOT_A_MEMBER.format(name=name, known=", ".join(sorted(members)))
@@ -286,7 +277,7 @@ def say_left(s: Session) -> None:
     with how ``"left"``) before torch's agent leaves, waiting 5 s at most."""
     sent = []
     for other in live_names(s, ask=False):
-        if other != s.name and other not in s.unreachable:
+        if other != s.name and not s.is_unreachable(other):
             with contextlib.suppress(Exception):
                 sent.append(protocol.call_async(s.token, other, "member_died", s.name, "left",
                                                 timeout=5))
@@ -300,8 +291,7 @@ def say_left(s: Session) -> None:
 def publish_unreachable(s: Session, store: Any) -> None:
     """On the leader: which members cannot be reached now, and since when, for whoever
     wants to join (``refuse_join_while_unreachable``)."""
-    with s.lock:
-        said = json.dumps(dict(s.unreachable))
+    said = json.dumps(s.unreachable())
     store.set(rendezvous.UNREACHABLE_KEY, said)
 
 
@@ -326,7 +316,7 @@ def forget(s: Session, name: str, steal_any: bool = False) -> None:
     """Remove ``name`` from torch's dynamic group (it died, or was refused), here and in
     every other member, so later joins and the final shutdown do not wait for it."""
     def tell(other: str, info: Any) -> None:
-        if other in s.unreachable:  # it would not hear it; it learns at its next call
+        if s.is_unreachable(other):  # it would not hear it; it learns at its next call
             return
         protocol.call(s.token, other, "drop_member", info, timeout=5)
 

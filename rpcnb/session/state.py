@@ -9,6 +9,7 @@ member is let in.
 
 from __future__ import annotations
 
+import enum
 import sys
 import threading
 import time
@@ -26,27 +27,51 @@ from rpcnb.session.teardown import Teardown
 ALL = "--all"
 
 
+class Status(enum.Enum):
+    """Where a member stands, as this process knows it: one value per member, on its record
+    in ``Session.members``, changed only by the Session's methods (``mark_dead``,
+    ``mark_unreachable``, ``reachable``, ``mark_silent``, ``answered``)."""
+
+    ALIVE = "alive"
+    SILENT = "not answering"  # did not answer %rpc_workers in time; its next answer clears it
+    UNREACHABLE = "unreachable"  # its host sends nothing: calls fail fast, it stays a member
+    DEAD = "dead"  # died, or left ("left"): its name is not given out again
+
+
 @dataclass
 class Member:
     """What rpcnb knows about one member of the group."""
 
     name: str
-    rank: int
+    rank: int  # -1: a worker that died before it was admitted
     host: str = ""
     pid: int | None = None
     kind: str = "process"  # "process" (started by rpcnb), "kernel", "engine" or "headless"
     devices: list[str] = field(default_factory=list)
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES, when rpcnb gave it some (--gpus)
-    alive: bool = True
+    status: Status = Status.ALIVE
     how: str = ""  # how it died or left, or why it does not answer
+    since: float | None = None  # while unreachable: since when (time.time())
     calls: int = 0
     recent_ms: float | None = None
     memory: dict[str, Any] = field(default_factory=dict)  # rss, shm (bytes), gpu (a list)
     address: str = ""  # where its TensorPipe listens: "ADDR (IFACE)"
-    unreachable: str = ""  # "since 14:02:11 (12 s)" while its host answers nothing
     # the cell it runs now (rpcnb.membership.start.running_now: cell, first, since, seconds,
     # file, line, text), or None when idle or not known
     busy: dict[str, Any] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Neither dead nor silent (an unreachable member is alive: it may answer again)."""
+        return self.status is Status.ALIVE or self.status is Status.UNREACHABLE
+
+    @property
+    def unreachable(self) -> str:
+        """``since 14:02:11 (12 s)`` while its host answers nothing, else ""."""
+        if self.status is not Status.UNREACHABLE or self.since is None:
+            return ""
+        return (f"since {time.strftime('%H:%M:%S', time.localtime(self.since))} "
+                f"({max(0.0, time.time() - self.since):.0f} s)")
 
 
 @dataclass
@@ -198,10 +223,9 @@ class Session:
         self.procs: dict[str, launch.LocalWorker] = {}  # workers this process started
         # how each of them was started (options, environment): %rpc_restart starts it again
         self.specs: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
-        self.members: dict[str, Member] = {}  # admitted members (they know the secret)
-        self.dead: dict[str, str] = {}  # name -> how it died or left; names are not reused
-        # name -> since when (wall clock) its host has sent nothing (failures.watch says)
-        self.unreachable: dict[str, float] = {}
+        # admitted members (they know the secret), and any name that died or left (a worker
+        # may die before it is admitted): each member's Status is here, and only here
+        self.members: dict[str, Member] = {}
         self.calls: dict[str, Any] = {}  # call id -> a remote cell this process waits for
         # member -> plain torch calls to it in flight (paths.calls.InFlight; across hosts)
         self.in_flight: dict[str, set[Any]] = {}
@@ -241,9 +265,43 @@ class Session:
         """Every member runs on this host (no --allow-remote): shared memory is possible."""
         return bool(self.options.get("one_host", True))
 
-    def add_member(self, member: Member) -> None:
+    def add_member(self, member: Member, replace: bool = True) -> None:
+        """``member`` is admitted (``replace=False``: unless it is known already)."""
         with self.lock:
-            self.members[member.name] = member
+            if replace or member.name not in self.members:
+                self.members[member.name] = member
+
+    def note_facts(self, name: str, facts: dict[str, Any]) -> None:
+        """The channel facts member ``name`` reported (``rpcnb.observe.channels``)."""
+        with self.lock:
+            self.facts[name] = facts
+
+    def facts_of(self, names: Any) -> dict[str, dict[str, Any]]:
+        """The channel facts reported by each of ``names`` that reported them."""
+        with self.lock:
+            return {n: self.facts[n] for n in names if n in self.facts}
+
+    def note(self, name: str, rank: int, **facts: Any) -> Member:
+        """Keep what is known of member ``name`` (``facts``: Member fields such as host,
+        pid, kind, devices, memory, busy); its record is made, with ``rank``, where there
+        is none. Liveness is not a fact: the ``mark_*`` methods change it."""
+        with self.lock:
+            m = self.members.setdefault(name, Member(name, rank))
+            for key, value in facts.items():
+                if key in ("status", "how", "since") or not hasattr(m, key):
+                    raise AttributeError(f"Member has no fact {key!r}")
+                setattr(m, key, value)
+            return m
+
+    def records(self) -> list[Member]:
+        """Every member's record now (the records themselves: read, not changed)."""
+        with self.lock:
+            return list(self.members.values())
+
+    def workers_started(self) -> dict[str, launch.LocalWorker]:
+        """The worker processes this process started, by name."""
+        with self.lock:
+            return dict(self.procs)
 
     def admitted(self) -> list[tuple[str, int]]:
         """(name, rank) of every admitted member that is alive."""
@@ -253,16 +311,46 @@ class Session:
     def others(self) -> list[str]:
         """Every other admitted member that is alive and reachable now."""
         with self.lock:
-            return [n for n, m in self.members.items() if n != self.name and m.alive
-                    and n not in self.dead and n not in self.unreachable]
+            return [n for n, m in self.members.items()
+                    if n != self.name and m.status is Status.ALIVE]
+
+    # -- liveness: each member's Status, read without the lock (one dict lookup)
+    def is_dead(self, name: str) -> bool:
+        """Whether ``name`` died or left."""
+        m = self.members.get(name)
+        return m is not None and m.status is Status.DEAD
+
+    def is_unreachable(self, name: str) -> bool:
+        """Whether ``name``'s host has answered nothing for a while (``mark_unreachable``)."""
+        m = self.members.get(name)
+        return m is not None and m.status is Status.UNREACHABLE
+
+    def is_admitted(self, name: str) -> bool:
+        """Whether ``name`` registered with the leader and has not died or left since."""
+        m = self.members.get(name)
+        return m is not None and m.status is not Status.DEAD
+
+    def how_gone(self, name: str) -> str | None:
+        """How ``name`` died or left (None: it did not)."""
+        m = self.members.get(name)
+        return m.how if m is not None and m.status is Status.DEAD else None
+
+    def dead(self) -> dict[str, str]:
+        """Every member that died or left, with how."""
+        with self.lock:
+            return {n: m.how for n, m in self.members.items() if m.status is Status.DEAD}
+
+    def unreachable(self) -> dict[str, float]:
+        """Every unreachable member, with since when (``time.time()``)."""
+        with self.lock:
+            return {n: m.since or 0.0 for n, m in self.members.items()
+                    if m.status is Status.UNREACHABLE}
 
     def mark_dead(self, name: str, how: str) -> None:
         """``name`` died (or left): record how, and wake every call waiting on it."""
         with self.lock:
-            self.dead[name] = how
-            m = self.members.get(name)
-            if m is not None:
-                m.alive, m.how = False, how
+            m = self.members.setdefault(name, Member(name, -1))
+            m.status, m.how, m.since = Status.DEAD, how, None
             waiting = [c for c in self.calls.values() if c.worker == name]
         for call in waiting:
             call.gone()
@@ -272,7 +360,9 @@ class Session:
         call waiting on it, and fail the plain torch calls in flight to it; it stays a
         member."""
         with self.lock:
-            self.unreachable[name] = since
+            m = self.members.get(name)
+            if m is not None and m.status is not Status.DEAD:
+                m.status, m.since = Status.UNREACHABLE, since
             waiting = [c for c in self.calls.values() if c.worker == name]
             plain = list(self.in_flight.get(name, ()))
         for call in waiting:
@@ -281,6 +371,31 @@ class Session:
             message = self.unreachable_message(name)
             for p in plain:
                 p.fail(errors.WorkerUnreachableError(message, name))
+
+    def reachable(self, name: str) -> float | None:
+        """``name`` answers again (or never stopped): since when it had been unreachable
+        (``time.time()``), None if it was not."""
+        with self.lock:
+            m = self.members.get(name)
+            if m is None or m.status is not Status.UNREACHABLE:
+                return None
+            since, m.status, m.since = m.since, Status.ALIVE, None
+            return since
+
+    def mark_silent(self, name: str, why: str) -> None:
+        """``name`` did not answer a question in time (``%rpc_workers``): it shows as not
+        answering until it answers (``answered``); a dead or unreachable one stays so."""
+        with self.lock:
+            m = self.members.get(name)
+            if m is not None and m.status in (Status.ALIVE, Status.SILENT):
+                m.status, m.how = Status.SILENT, why
+
+    def answered(self, name: str) -> None:
+        """``name`` answered a question: a silent member is alive again."""
+        with self.lock:
+            m = self.members.get(name)
+            if m is not None and m.status is Status.SILENT:
+                m.status, m.how = Status.ALIVE, ""
 
     def watch_call(self, name: str, call: Any) -> None:
         """A plain call to ``name`` is in flight (``call.fail(exc)`` ends it early)."""
@@ -309,17 +424,11 @@ class Session:
         for line in said:
             print(line, file=sys.stderr)
 
-    def reachable(self, name: str) -> float | None:
-        """``name`` answers again (or never stopped): since when it had been unreachable
-        (``time.time()``), None if it was not."""
-        with self.lock:
-            return self.unreachable.pop(name, None)
-
     def unreachable_message(self, name: str) -> str:
         """What a call to the unreachable member ``name`` says."""
         with self.lock:
-            since = self.unreachable.get(name, time.time())
             m = self.members.get(name)
+            since = (m.since if m is not None else None) or time.time()
             host = (m.address or m.host) if m is not None else ""
         return errors.WORKER_UNREACHABLE.format(
             name=name, host=host or "another host", ago=max(0.0, time.time() - since),
@@ -329,13 +438,12 @@ class Session:
         """``name`` is back (a fresh process under the same name, ``%rpc_restart``): calls
         to it are sent again once it is admitted."""
         with self.lock:
-            self.dead.pop(name, None)
             self.members.pop(name, None)
 
     def death_message(self, name: str) -> str:
         """What a call to the dead member ``name`` says (with its log's end, if ours)."""
+        how = self.how_gone(name) or ""
         with self.lock:
-            how = self.dead.get(name, "")
             proc = self.procs.get(name)
         if how == "left":
             return errors.WORKER_LEFT.format(name=name)

@@ -158,7 +158,7 @@ def test_a_background_loop_goes_on_through_a_restart(kept, tmp_path):
               f"result = 'trained'\nresult")
     # it waits until this member knows the kernel is gone, then fails
     k.execute(f"%%remote worker2 --bg\nimport time, rpcnb.session.state as st\n"
-              f"while {old!r} not in st.current().dead:\n    time.sleep(0.05)\n"
+              f"while not st.current().is_dead({old!r}):\n    time.sleep(0.05)\n"
               f"print('about to fail')\ntry:\n    1 / 0\nfinally:\n"
               f"    open({str(failed)!r}, 'w').write('x')")
     assert wait_until(lambda: progress.exists() and progress.read_text() != "", 10)

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 from rpcnb import errors  # noqa: E402
 from rpcnb.cells.runner import CellRunner, Job  # noqa: E402
 from rpcnb.observe import stacks  # noqa: E402
-from rpcnb.session.state import Group, Member, busy_line  # noqa: E402
+from rpcnb.session.state import Group, Member, Status, busy_line  # noqa: E402
 
 CELL = """\
 import time
@@ -126,7 +126,7 @@ def test_the_table_says_who_is_busy_with_what_and_where():
     group = Group("worker0", "worker0", "/tmp/c.json", [
         Member("worker0", 0, kind="kernel"),
         Member("worker1", 1, busy=busy),
-        Member("worker2", 2, alive=False, how="killed by SIGKILL", busy=busy),
+        Member("worker2", 2, status=Status.DEAD, how="killed by SIGKILL", busy=busy),
     ])
     head, *rows = group.table().splitlines()
     col = head.index(" busy ") + 1
