@@ -271,9 +271,8 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
                                                 s.secret, options, interface[eid])
                    for eid in ids}
         _wait(pending, names, timeout)
-        with s.lock:
-            s.cluster = {"client": client, "cluster": cluster, "owned": owned,
-                         "engines": {names[eid]: eid for eid in ids}}
+        s.set_cluster({"client": client, "cluster": cluster, "owned": owned,
+                       "engines": {names[eid]: eid for eid in ids}})
         # once the group has ended (after every other step of its teardown)
         s.teardown.push("ipyparallel cluster", lambda: _stop(cluster if owned else None, client),
                         last=True)

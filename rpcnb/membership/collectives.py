@@ -78,8 +78,8 @@ def shared_gpus(gpus: dict[str, str | None]) -> str:
 
 def form(s: Session, backend: str, workers: list[str], timeout: float = DEFAULT_TIMEOUT) -> str:
     """Make ``workers`` (in this order: ranks 0..n-1) a process group; on the leader."""
-    with s.lock:
-        devices = {w: list(s.members[w].devices) if w in s.members else [] for w in workers}
+    devices = {w: list(m.devices) if (m := s.members.get(w)) is not None else []
+               for w in workers}
     chosen = choose(backend, devices)
     why = ""
     if chosen == "nccl":  # one GPU per rank, or NCCL fails at the first collective

@@ -60,10 +60,8 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
         return said + (" " + errors.RREFS_LOST.format(name=name, names=", ".join(lost))
                        if lost else "")
     s = _leader()
-    with s.lock:
-        proc = s.procs.get(name)
-        spec = s.specs.get(name)
-        known = sorted(s.procs)
+    started = s.workers_started()
+    proc, spec, known = started.get(name), s.worker_spec(name), sorted(started)
     if name == s.name:
         raise RpcnbError(errors.RESTART_SELF.format(name=name))
     collectives.refuse_resize(s, f"restarting {name}")
@@ -85,14 +83,12 @@ def restart(name: str, timeout: float = start.START_TIMEOUT) -> str:
         failures.declare(s, name, launch.how_died(proc.proc.returncode))
     s.teardown.run(start.worker_step(name))  # the old process's step: its shared memory
     lost = _rrefs_owned_by(name)
-    wopts, wenv = spec
     store = _torch.store()
     rank = roster.next_rank(store)
     s.revive(name)
     roster.names_changed(s)
-    new = start.start_worker(s, name, rank, wopts, wenv)
-    with s.lock:
-        s.procs[name] = new
+    new = start.start_worker(s, name, rank, spec.options, spec.env)
+    s.add_worker(name, new)
     s.teardown.push(start.worker_step(name), functools.partial(start.stop_worker, s, new))
     for other in roster.live_names(s):
         if other not in (s.name, name):
@@ -148,8 +144,7 @@ def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TI
     roster.refuse_join_while_unreachable(store)
     if any(entry.get("device_map") for entry in roster.published(store).values()):
         raise RpcnbError(errors.ADD_WITH_DEVICE_MAPS)
-    with s.lock:
-        used = set(s.procs) | set(s.members)
+    used = set(s.workers_started()) | {m.name for m in s.records()}
     top = max([int(m.group(1)) for u in used if (m := re.fullmatch(r"worker(\d+)", u))],
               default=0)
     names = [f"worker{top + k}" for k in range(1, n + 1)]
@@ -160,9 +155,7 @@ def add_workers(n: int, gpus: str | None = None, timeout: float = start.START_TI
     try:
         start.wait_ready(s, timeout, names=names)
     except BaseException:
-        with s.lock:
-            for w in names:
-                s.procs.pop(w, None)
+        s.forget_workers(names)
         for w in names:  # the steps launch_workers registered for them
             s.teardown.run(start.worker_step(w))
         raise

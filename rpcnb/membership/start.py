@@ -30,7 +30,7 @@ from rpcnb.observe import channels
 from rpcnb.paths import serialize, shm, ucx
 from rpcnb.procs import launch
 from rpcnb.session import fence, protocol, rendezvous, roster, state
-from rpcnb.session.state import Member, Session
+from rpcnb.session.state import Member, Session, WorkerSpec
 from rpcnb.session.teardown import Teardown
 from rpcnb.waiting import until
 from rpcnb.wire import _rref_context, _torch, options
@@ -140,11 +140,8 @@ def _shm_full(s: Session) -> Any:
 
 def report_shm_full(s: Session, message: str) -> None:
     """On the leader: the one warning of the group about a full /dev/shm."""
-    with s.lock:
-        if s.shm_warned:
-            return
-        s.shm_warned = True
-    print(f"rpcnb: {message}", file=sys.stderr)
+    if s.first_shm_warning():
+        print(f"rpcnb: {message}", file=sys.stderr)
 
 
 def self_info(s: Session) -> dict[str, Any]:
@@ -179,11 +176,10 @@ def register(s: Session, timeout: float = 10.0) -> list[tuple[str, int]] | None:
         return None
     if not admitted:
         return None
-    with s.lock:
-        for other, other_rank in admitted:
-            s.members.setdefault(other, Member(other, other_rank))
-        s.members[s.name] = Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
-                                   info["devices"], info["gpus"], address=info["address"])
+    for other, other_rank in admitted:
+        s.add_member(Member(other, other_rank), replace=False)
+    s.add_member(Member(s.name, s.rank, info["host"], info["pid"], info["kind"],
+                        info["devices"], info["gpus"], address=info["address"]))
     roster.names_changed(s)
     return list(admitted)
 
@@ -280,9 +276,7 @@ def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
         if devices.visible.get(wname) is not None:
             wenv["CUDA_VISIBLE_DEVICES"] = str(devices.visible[wname])
         proc = start_worker(s, wname, rank, wopts, wenv)
-        with s.lock:
-            s.procs[wname] = proc
-            s.specs[wname] = (wopts, wenv)
+        s.add_worker(wname, proc, WorkerSpec(wopts, wenv))
         s.teardown.push(worker_step(wname), functools.partial(stop_worker, s, proc))
 
 
@@ -319,17 +313,14 @@ def wait_ready(s: Session, timeout: float = START_TIMEOUT,
     fails the start at once, with its log."""
     from rpcnb import progress
 
-    with s.lock:
-        waiting = {n: w for n, w in s.procs.items() if names is None or n in names}
+    waiting = {n: w for n, w in s.workers_started().items() if names is None or n in names}
     board = progress.Board(f"rpcnb: starting {len(waiting)} worker(s)", list(waiting))
     for wname, w in waiting.items():
         board.set(wname, f"starting (pid {w.pid})")
 
     def all_registered() -> bool:  # and a worker that exited ends the wait with its log
         for wname, w in list(waiting.items()):
-            with s.lock:
-                ready = wname in s.members
-            if ready:
+            if s.is_admitted(wname):
                 del waiting[wname]
                 board.set(wname, "ready")
             elif not w.alive():

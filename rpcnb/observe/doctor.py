@@ -291,8 +291,7 @@ def check(timeout: float = 10.0) -> list[Finding]:
         # the member read its clock between t0 and back: compare with the midpoint
         reports[name]["skew_s"] = (reports[name]["time"] - (t0 + back) / 2
                                    if back - t0 < 2 * SKEW_S else None)
-    with s.lock:
-        known = dict(s.members)
+    known = {m.name: m for m in s.records()}
     for name, r in reports.items():
         m = known.get(name)
         r["address"], r["kind"] = (m.address, m.kind) if m else ("", None)

@@ -74,6 +74,14 @@ class Member:
                 f"({max(0.0, time.time() - self.since):.0f} s)")
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How the leader started a worker process, so ``%rpc_restart`` starts it the same way."""
+
+    options: Any  # its rpcnb.wire.options.GroupOptions (its own device map in them)
+    env: dict[str, str]  # what its environment adds to the kernel's (CUDA_VISIBLE_DEVICES...)
+
+
 @dataclass
 class Collectives:
     """The workers' ``torch.distributed`` process group (``--collectives``), as the leader
@@ -221,8 +229,8 @@ class Session:
         self.leaving: tuple[bool, float] = (False, 5.0)
         self.lock = threading.RLock()
         self.procs: dict[str, launch.LocalWorker] = {}  # workers this process started
-        # how each of them was started (options, environment): %rpc_restart starts it again
-        self.specs: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+        # how each of them was started: %rpc_restart starts it again
+        self.specs: dict[str, WorkerSpec] = {}
         # admitted members (they know the secret), and any name that died or left (a worker
         # may die before it is admitted): each member's Status is here, and only here
         self.members: dict[str, Member] = {}
@@ -297,6 +305,36 @@ class Session:
         """Every member's record now (the records themselves: read, not changed)."""
         with self.lock:
             return list(self.members.values())
+
+    def add_worker(self, name: str, proc: launch.LocalWorker, spec: WorkerSpec | None = None
+                   ) -> None:
+        """A worker process this process started (``spec``: how, when it is new)."""
+        with self.lock:
+            self.procs[name] = proc
+            if spec is not None:
+                self.specs[name] = spec
+
+    def worker_spec(self, name: str) -> WorkerSpec | None:
+        with self.lock:
+            return self.specs.get(name)
+
+    def forget_workers(self, names: Any) -> None:
+        """These workers' processes are none of this process's any more (a failed add)."""
+        with self.lock:
+            for name in names:
+                self.procs.pop(name, None)
+
+    def first_shm_warning(self) -> bool:
+        """Whether the group's one warning of a full /dev/shm is still to be given (then it
+        counts as given)."""
+        with self.lock:
+            first, self.shm_warned = not self.shm_warned, True
+        return first
+
+    def set_cluster(self, cluster: dict[str, Any]) -> None:
+        """The ipyparallel cluster whose engines are members (``rpcnb.integrations``)."""
+        with self.lock:
+            self.cluster = cluster
 
     def workers_started(self) -> dict[str, launch.LocalWorker]:
         """The worker processes this process started, by name."""
