@@ -128,7 +128,8 @@ def _gather(obj: Any, worker_names: Any, timeout: float, what: str) -> Any:
         with api._all_gather_dict_lock:
             states = api._all_gather_sequence_id_to_states[sequence_id]
         deadline = Deadline.after(signal_timeout)
-        # waits on torch's event, in slices: between two, whether a member of the round is gone
+        # not waiting.until: it waits on torch's event, and between two slices looks
+        # whether a member of the round is gone
         while not states.proceed_signal.wait(SLICE):
             _fail_if_gone(what, wanted)
             if deadline.passed():
