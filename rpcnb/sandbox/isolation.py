@@ -196,7 +196,7 @@ def status() -> Isolation:
 
 @dataclass
 class _Notice:
-    """Whether this process said whether it is isolated (``notice``): the process's, once."""
+    """Whether this process gave its notice (``notice``): the process's, given once."""
 
     given: bool = False
 

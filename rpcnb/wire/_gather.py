@@ -43,7 +43,6 @@ View = Callable[[], "set[str] | None"]
 Gone = Callable[[Iterable[str]], dict[str, str]]
 
 
-
 @dataclass
 class Members:
     """Where rpcnb's all-gather asks about the group (``install``): the process's

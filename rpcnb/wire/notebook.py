@@ -128,7 +128,7 @@ def is_notebook_function(obj: Any) -> bool:
 # --------------------------------------------------------------------------- sending
 
 
-def _tag_now(name: str, value: Any) -> tuple[str, int] | None:
+def _tag_now(name: str, value: Any) -> Tag | None:
     """``_tag(name, value)`` without making one: None where it would be a new assignment."""
     got = LEDGER.received.get(name)
     if got is not None and got[1] is value:
@@ -137,7 +137,7 @@ def _tag_now(name: str, value: Any) -> tuple[str, int] | None:
     return (PROCESS, own[1]) if own is not None and own[0] is value else None
 
 
-def _tag(name: str, value: Any) -> tuple[str, int]:
+def _tag(name: str, value: Any) -> Tag:
     """Where ``value`` (the global ``name`` here now) was assigned, and which time."""
     with LEDGER.lock:
         tag = _tag_now(name, value)  # forwarding what we took from elsewhere, or our own
