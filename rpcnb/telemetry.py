@@ -2,12 +2,13 @@
 
 A bounded ring buffer per process (``CALLS``), cheap enough to sit on every call (one
 deque append: while no listener is subscribed, of the record's fields, made a Record when
-read; under a lock otherwise), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
-records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry points so that plain
-``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too:
-every call is counted, an ``rpc_sync`` call is also timed (where it waits), and an
-``rpc_async`` or ``remote`` call is timed only while ``timing()`` says so (timing one
-costs a callback on TensorPipe's thread, docs/benchmarks.md).
+read; under a lock otherwise), with per-peer summaries (count, p50, p95, bytes/s) and
+export as plain records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry
+points so that plain ``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a
+notebook are recorded too: every call is counted, an ``rpc_sync`` call is also timed
+(where it waits), and an ``rpc_async`` or ``remote`` call is timed only while
+``timing()`` says so (timing one costs a callback on TensorPipe's thread,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
