@@ -92,7 +92,15 @@ def ib_devices() -> list[str]:
         return []
 
 
-_trimmed_at = 0.0
+@dataclass
+class _Trims:
+    """When this process last gave freed heap memory back (``give_back_memory``): the
+    process's, for its life."""
+
+    last: float = float("-inf")  # time.monotonic() of the last trim
+
+
+_TRIMS = _Trims()
 
 
 def give_back_memory(min_interval: float = 1.0) -> None:
@@ -101,13 +109,12 @@ def give_back_memory(min_interval: float = 1.0) -> None:
     (RPC threads) stay in per-thread arenas otherwise, and the process keeps their size."""
     import time
 
-    global _trimmed_at
     now = time.monotonic()
-    if now - _trimmed_at < min_interval:
+    if now - _TRIMS.last < min_interval:
         return
-    _trimmed_at = now
+    _TRIMS.last = now
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):
         pass
 
@@ -124,25 +131,24 @@ def shm_free_bytes(path: str = SHM_DIR) -> int:
 # --------------------------------------------------------------------------- network
 
 
-def interface_of(host: str) -> str:
-    """The network interface that owns ``host`` (for TP_SOCKET_IFNAME)."""
-    import fcntl
-    import struct
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as psutil gives it (an IPv6 one may end in ``%zone``)."""
+    return ipaddress.ip_address(address.split("%", 1)[0])
 
-    if ipaddress.ip_address(host).is_loopback:
+
+def interface_of(host: str) -> str:
+    """The network interface that owns ``host``, an IPv4 or IPv6 address (for
+    TP_SOCKET_IFNAME): named as getifaddrs names it (``psutil.net_if_addrs``), which is
+    how TensorPipe looks the variable up."""
+    import psutil
+
+    wanted = ipaddress.ip_address(host)
+    if wanted.is_loopback:
         return "lo"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for _, ifname in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
-                                     struct.pack("256s", ifname.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(packed[20:24]) == host:
-                return ifname
-    finally:
-        probe.close()
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family in (socket.AF_INET, socket.AF_INET6) and _ip(a.address) == wanted
+               for a in addresses):
+            return name
     raise ValueError(BAD_HOST.format(host=host, reason="no interface has that address"))
 
 
@@ -153,7 +159,8 @@ NO_INTERFACE = (
 
 
 def interfaces() -> list[str]:
-    """This machine's network interfaces, by name."""
+    """This machine's network interfaces, by name: the kernel's list (``if_nameindex``),
+    each interface once, with or without an address."""
     return [name for _, name in socket.if_nameindex()]
 
 
@@ -166,18 +173,11 @@ def check_interface_name(name: str) -> str:
 
 
 def interface_address(name: str) -> str:
-    """The IPv4 address of interface ``name`` ('' when it has none)."""
-    import fcntl
-    import struct
+    """The (first) IPv4 address of interface ``name`` ('' when it has none)."""
+    import psutil
 
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return ""
-    finally:
-        probe.close()
+    return next((a.address for a in psutil.net_if_addrs().get(name, ())
+                 if a.family == socket.AF_INET), "")
 
 
 def is_loopback(host: str) -> bool:
@@ -193,38 +193,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listening_sockets(pid: int | str = "self") -> dict[str, tuple[int, str, str]]:
-    """Process ``pid``'s listening TCP sockets, read from /proc in its own network
-    namespace: socket inode -> (fd, ``ADDR:PORT``, ``"tcp"`` or ``"tcp6"``); {} when it
-    is gone or not ours to read."""
-    fds: dict[str, int] = {}
+def listening_sockets() -> dict[str, tuple[int, str, str]]:
+    """This process's listening TCP sockets (psutil, which reads the tables of this
+    process's network namespace): socket inode -> (fd, ``ADDR:PORT``, ``"tcp"`` or
+    ``"tcp6"``); {} when psutil cannot tell."""
+    import psutil
+
     try:
-        for entry in os.scandir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(entry.path)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                fds[target[8:-1]] = int(entry.name)
-    except OSError:
+        conns = psutil.Process().net_connections(kind="tcp")
+    except (psutil.Error, OSError):
         return {}
     found = {}
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or c.fd < 0:
             continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] != "0A" or fields[9] not in fds:  # 0A: LISTEN
-                continue
-            hexaddr, port = fields[1].split(":")
-            raw = bytes.fromhex(hexaddr)
-            # /proc stores each 32-bit word in host (little-endian) order
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found[fields[9]] = (fds[fields[9]], f"{ipaddress.ip_address(raw)}:{int(port, 16)}",
-                                table)
+        try:
+            inode = os.fstat(c.fd).st_ino  # a socket's inode: /proc/self/fd's "socket:[N]"
+        except OSError:
+            continue  # closed meanwhile
+        table = "tcp6" if c.family == socket.AF_INET6 else "tcp"
+        found[str(inode)] = (c.fd, f"{ipaddress.ip_address(c.laddr.ip)}:{c.laddr.port}", table)
     return found
 
 
@@ -432,7 +420,29 @@ def _cuda_facts() -> tuple[bool, list[dict[str, Any]], dict[str, dict[str, bool]
     return built, devices, p2p
 
 
-_facts: dict[str, Any] | None = None
+@functools.cache
+def _fixed_facts() -> dict[str, Any]:
+    """The facts that are fixed while the process lives: read once, at the first call."""
+    import torch
+
+    scope = read_file("/proc/sys/kernel/yama/ptrace_scope")
+    lsm = read_file("/sys/kernel/security/lsm")
+    built, devices, p2p = _cuda_facts()
+    return Facts(
+        name="", host=socket.gethostname(), pid=os.getpid(),
+        boot_id=read_file("/proc/sys/kernel/random/boot_id") or "",
+        net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
+        uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
+        cap_permitted=_cap_permitted(),
+        lsms=[x for x in lsm.split(",") if x] if lsm is not None else None,
+        ptrace_scope=int(scope) if scope and scope.isdigit() else None,
+        cma_selftest=cma_selftest(), memfd=_memfd_works(), ibverbs=_ibverbs(),
+        ib_devices=ib_devices(), socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""),
+        cuda_built=built, cuda_devices=devices, p2p=p2p,
+        nv_peer_mem=any(os.path.exists(f"/sys/module/{m}")
+                        for m in ("nv_peer_mem", "nvidia_peermem")),
+        torch=torch.__version__,
+    ).to_dict()
 
 
 def process_facts() -> dict[str, Any]:
@@ -440,27 +450,4 @@ def process_facts() -> dict[str, Any]:
     (the group fills those in). Read once per process, at the first call: they are fixed
     while the process lives; only ``TP_SOCKET_IFNAME`` is read each time (a kernel's
     later group may listen elsewhere)."""
-    global _facts
-    if _facts is None:
-        import torch
-
-        scope = read_file("/proc/sys/kernel/yama/ptrace_scope")
-        lsm = read_file("/sys/kernel/security/lsm")
-        built, devices, p2p = _cuda_facts()
-        ib = ib_devices()
-        _facts = Facts(
-            name="", host=socket.gethostname(), pid=os.getpid(),
-            boot_id=read_file("/proc/sys/kernel/random/boot_id") or "",
-            net_ns=_ns("net"), pid_ns=_ns("pid"), user_ns=_ns("user"),
-            uids=os.getresuid(), gids=os.getresgid(), dumpable=_dumpable(),
-            cap_permitted=_cap_permitted(),
-            lsms=[x for x in lsm.split(",") if x] if lsm is not None else None,
-            ptrace_scope=int(scope) if scope and scope.isdigit() else None,
-            cma_selftest=cma_selftest(), memfd=_memfd_works(), ibverbs=_ibverbs(),
-            ib_devices=ib, socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""),
-            cuda_built=built, cuda_devices=devices, p2p=p2p,
-            nv_peer_mem=any(os.path.exists(f"/sys/module/{m}")
-                            for m in ("nv_peer_mem", "nvidia_peermem")),
-            torch=torch.__version__,
-        ).to_dict()
-    return dict(_facts, socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""))
+    return dict(_fixed_facts(), socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""))

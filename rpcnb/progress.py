@@ -257,7 +257,8 @@ TICK = 0.25  # seconds between two moves of a ticker's bar in a notebook
 
 class _Clock:
     """One daemon thread that shows and moves the bars of every ticker of the process
-    when each is due; made at the first ticker, it sleeps while none is waiting."""
+    when each is due; made at the first ticker, it sleeps while none is waiting. The
+    process's (``_clock``), for its life; a forked child starts without it (``forget``)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -280,6 +281,8 @@ class _Clock:
             self._due.pop(ticker, None)
 
     def _run(self) -> None:
+        # not waiting.until: it sleeps on the condition until the next bar is due, and
+        # add() wakes it for an earlier one
         while True:
             with self._cond:
                 now = time.monotonic()

@@ -1,13 +1,14 @@
 """Every call rpcnb makes or serves, recorded: peer, operation, bytes, channel, duration.
 
-A bounded ring buffer per process, cheap enough to sit on every call (one deque append:
-while no listener is subscribed, of the record's fields, made a Record when read; under a
-lock otherwise), with per-peer summaries (count, p50, p95, bytes/s) and export as plain
-records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry points so that plain
-``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a notebook are recorded too:
-every call is counted, an ``rpc_sync`` call is also timed (where it waits), and an
-``rpc_async`` or ``remote`` call is timed only while ``timing()`` says so (timing one
-costs a callback on TensorPipe's thread, docs/benchmarks.md).
+A bounded ring buffer per process (``CALLS``), cheap enough to sit on every call (one
+deque append: while no listener is subscribed, of the record's fields, made a Record when
+read; under a lock otherwise), with per-peer summaries (count, p50, p95, bytes/s) and
+export as plain records. ``rpcnb.paths.serialize.install()`` hooks torch's RPC entry
+points so that plain ``rpc.rpc_sync`` / ``rpc_async`` / ``remote`` calls made in a
+notebook are recorded too: every call is counted, an ``rpc_sync`` call is also timed
+(where it waits), and an ``rpc_async`` or ``remote`` call is timed only while
+``timing()`` says so (timing one costs a callback on TensorPipe's thread,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rpcnb import settings
@@ -48,112 +50,148 @@ class Record:
         return max(self.duration - self.ran, 0.0)
 
 
-_lock = threading.Lock()
-_records: deque[Record] = deque(maxlen=CAPACITY)
-_counts: dict[str, int] = {}
-_listeners: list[Any] = []
-_later: deque[tuple[Any, ...]] = deque()  # recorded while no one listened, not yet Records
 LATER = 256  # records that wait at most: making them Records takes well under a millisecond
+LOOK_S = 10.0  # seconds a member times its calls after a monitor last asked for them
+Listener = Callable[[Record], Any]
+
+
+@dataclass(slots=True)
+class CallLog:
+    """This process's calls: the newest ``CAPACITY`` records, the count of every call per
+    peer, and who listens. One per process (``CALLS``), for its life; a new group clears
+    it (``clear``). While no one listens, a call's fields wait in ``later`` (a deque's
+    append needs no lock) and become Records when records are read."""
+
+    # held to change the fields below but ``later``; the caller's path takes it only while
+    # someone listens, or once every ``LATER`` records to settle them
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    records: deque[Record] = field(default_factory=lambda: deque(maxlen=CAPACITY))
+    counts: dict[str, int] = field(default_factory=dict)  # peer -> calls, timed or not
+    listeners: list[Listener] = field(default_factory=list)  # told of each new record
+    # the fields of calls recorded while no one listened, oldest first, not yet Records
+    later: deque[tuple[Any, ...]] = field(default_factory=deque)
+    # calls are timed until then (time.monotonic()): a monitor asked for them (``looked_at``)
+    looked_until: float = 0.0
+
+
+CALLS = CallLog()
 
 
 def record(peer: str, op: str, start: float, duration: float, nbytes: int = 0,
            ok: bool = True, channel: str = "", ran: float = 0.0) -> None:
     """Add one record (and tell the listeners); ``ran``: the part of ``duration`` that user
     code ran on the peer, which latency figures leave out."""
-    if not _listeners:
+    if not CALLS.listeners:
         # no one listens: its fields wait, and become a Record when records are read (a
         # deque's append needs no lock; this is the last thing a remote cell's caller does)
-        _later.append((peer, op, start, duration, nbytes, ok, channel, ran))
-        if len(_later) >= LATER:  # a few hundred at a time: no long pause on any one call
-            with _lock:
-                _settle()
+        later = CALLS.later
+        later.append((peer, op, start, duration, nbytes, ok, channel, ran))
+        if len(later) >= LATER:  # a few hundred at a time: no long pause on any one call
+            with CALLS.lock:
+                _settle(CALLS)
         return
+    log = CALLS
     rec = Record(peer, op, start, duration, nbytes, ok, channel, ran)
-    with _lock:
-        _settle()
-        _records.append(rec)
-        _counts[peer] = _counts.get(peer, 0) + 1
-        listeners = tuple(_listeners)  # a snapshot: others may (un)subscribe meanwhile
+    with log.lock:
+        _settle(log)
+        log.records.append(rec)
+        log.counts[peer] = log.counts.get(peer, 0) + 1
+        listeners = tuple(log.listeners)  # a snapshot: others may (un)subscribe meanwhile
     for listener in listeners:
         listener(rec)
 
 
-def _settle() -> None:
-    """Make the records that waited (``record``) Records, in order (under ``_lock``)."""
-    while _later:
+def _settle(log: CallLog) -> None:
+    """Make the records that waited (``record``) Records, in order (under ``log.lock``)."""
+    later, records, counts = log.later, log.records, log.counts
+    while later:
         try:
-            fields = _later.popleft()
+            fields = later.popleft()
         except IndexError:  # another thread settled it meanwhile
             return
-        _records.append(Record(*fields))
-        _counts[fields[0]] = _counts.get(fields[0], 0) + 1
+        records.append(Record(*fields))
+        counts[fields[0]] = counts.get(fields[0], 0) + 1
 
 
 def count(peer: str) -> None:
     """Count a call to ``peer`` that is not timed (``timing()`` is off)."""
-    with _lock:
-        _counts[peer] = _counts.get(peer, 0) + 1
+    with CALLS.lock:
+        CALLS.counts[peer] = CALLS.counts.get(peer, 0) + 1
 
 
 TIMING_ENV = "RPCNB_CALL_TIMES"
 
 
-LOOK_S = 10.0  # seconds a member times its calls after a monitor last asked for them
-_looked_until = 0.0
-
-
 def looked_at() -> None:
     """Another member's channel monitor or panel asked for this process's calls (it asks
     every few seconds while it is open): time them for ``LOOK_S`` seconds more."""
-    global _looked_until
-    _looked_until = time.monotonic() + LOOK_S
+    CALLS.looked_until = time.monotonic() + LOOK_S
 
 
 def timing() -> bool:
     """Whether to time every plain call (``rpc_sync``, ``rpc_async``, ``remote``): while
     someone looks (a channel monitor or the JupyterLab panel subscribed here, or asking
     this member for its calls), or ``RPCNB_CALL_TIMES=1``. Otherwise calls are counted."""
-    return bool(_listeners) or _looked_until > time.monotonic() or _timing_env()
+    return bool(CALLS.listeners) or CALLS.looked_until > time.monotonic() or _TIMING.read()
 
 
-# os.environ's own dict (CPython's _Environ keeps the encoded items in it, and setting or
-# deleting a variable through os.environ updates it): read without os.environ.get's
-# encoding, about a microsecond, on every call
-_ENV: Any = getattr(os.environ, "_data", None)
-if _ENV is not None:
-    _ENV_KEY = os.environ.encodekey(TIMING_ENV)  # type: ignore[attr-defined]
-    _ENV_OFF = {os.environ.encodevalue(v) for v in ("", "0")}  # type: ignore[attr-defined]
-    _ENV_ON = os.environ.encodevalue("1")  # type: ignore[attr-defined]
+@dataclass(frozen=True, slots=True)
+class _EveryCallFlag:
+    """A yes-or-no setting read on every call, from os.environ's own dict (CPython's
+    _Environ keeps the encoded items in it, and setting or deleting a variable through
+    os.environ updates it): without os.environ.get's encoding, about a microsecond.
+    Read as ``rpcnb.settings`` reads it where there is no such dict, or for a value other
+    than 1, 0 or nothing (an error names a bad one)."""
+
+    name: str
+    data: Any  # os.environ's own dict; None where it has none
+    key: Any = None
+    off: frozenset[Any] = frozenset()
+    on: Any = None
+
+    @classmethod
+    def of(cls, name: str) -> _EveryCallFlag:
+        data = getattr(os.environ, "_data", None)
+        if data is None:
+            return cls(name, None)
+        encode = os.environ.encodevalue  # type: ignore[attr-defined]
+        return cls(name, data, os.environ.encodekey(name),  # type: ignore[attr-defined]
+                   frozenset(encode(v) for v in ("", "0")), encode("1"))
+
+    def read(self) -> bool:
+        """Whether the variable says yes now."""
+        if self.data is None:
+            return settings.flag(self.name)
+        value = self.data.get(self.key)
+        if value is None or value in self.off:
+            return False
+        return value == self.on or settings.flag(self.name)
 
 
-def _timing_env() -> bool:
-    if _ENV is None:
-        return settings.flag(TIMING_ENV)
-    value = _ENV.get(_ENV_KEY)
-    if value is None or value in _ENV_OFF:
-        return False
-    # "1" at once; any other value as rpcnb.settings reads it (an error names a bad one)
-    return value == _ENV_ON or settings.flag(TIMING_ENV)
+_TIMING = _EveryCallFlag.of(TIMING_ENV)
 
 
-def subscribe(listener: Any) -> None:
+def subscribe(listener: Listener) -> None:
     """Call ``listener(record)`` for every new record (keep it fast: it runs inline)."""
-    with _lock:
-        _listeners.append(listener)
+    log = CALLS
+    with log.lock:
+        log.listeners.append(listener)
 
 
-def unsubscribe(listener: Any) -> None:
+def unsubscribe(listener: Listener) -> None:
     """Stop calling ``listener``."""
-    with _lock:
-        if listener in _listeners:
-            _listeners.remove(listener)
+    log = CALLS
+    with log.lock:
+        if listener in log.listeners:
+            log.listeners.remove(listener)
 
 
 def records(peer: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
     """Recorded calls, oldest first, as plain dicts."""
-    with _lock:
-        _settle()
-        recs = list(_records)
+    log = CALLS
+    with log.lock:
+        _settle(log)
+        recs = list(log.records)
     return [asdict(r) for r in recs if (peer is None or r.peer == peer) and r.start >= since]
 
 
@@ -166,10 +204,11 @@ def summary(peer: str, recent: int = 20) -> dict[str, Any]:
     """Calls to ``peer``: total count; p50/p95 latency (ms: the time in transit and in
     rpcnb, without the time user code ran there) and bytes/s over the records kept;
     ``recent_ms``: the median latency of the last ``recent`` calls."""
-    with _lock:
-        _settle()
-        count = _counts.get(peer, 0)
-        recs = [r for r in _records if r.peer == peer]
+    log = CALLS
+    with log.lock:
+        _settle(log)
+        count = log.counts.get(peer, 0)
+        recs = [r for r in log.records if r.peer == peer]
     durs = sorted(r.latency for r in recs)
     last = sorted(r.latency for r in recs[-recent:])
     moved = sum(r.nbytes for r in recs)
@@ -186,10 +225,11 @@ def summary(peer: str, recent: int = 20) -> dict[str, Any]:
 
 def clear() -> None:
     """Forget every record (a new group starts)."""
-    with _lock:
-        _later.clear()
-        _records.clear()
-        _counts.clear()
+    log = CALLS
+    with log.lock:
+        log.later.clear()
+        log.records.clear()
+        log.counts.clear()
 
 
 def now() -> float:

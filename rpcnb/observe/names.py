@@ -18,6 +18,7 @@ attributes of the live objects (``dir()``). Inspection is the shell's
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from dataclasses import dataclass, field
@@ -33,23 +34,36 @@ SKIP = frozenset({"In", "Out", "exit", "quit", "get_ipython", "open"})  # IPytho
 
 # -- on the member asked ---------------------------------------------------------------
 
-_lock = threading.Lock()  # one completion at a time: IPCompleter keeps state between calls
-_completer: tuple[Any, Any] | None = None  # (shell, its IPCompleter for requests)
 
+class _Completer:
+    """The IPCompleter that answers other members' requests in ``shell``'s namespace: a
+    copy of the shell's own, without Jedi, used by one request at a time (it keeps state
+    between calls)."""
 
-def _completer_of(shell: Any) -> Any:
-    global _completer
-    if _completer is None or _completer[0] is not shell:
+    def __init__(self, shell: Any) -> None:
         from IPython.core.completer import IPCompleter
 
-        made = IPCompleter(shell=shell, namespace=shell.user_ns,
-                           global_namespace=shell.user_global_ns, parent=shell)
-        made.use_jedi = False
-        made.custom_completers = shell.Completer.custom_completers  # import, %run, %cd
-        _completer = (shell, made)
-    found = _completer[1]
-    found.namespace, found.global_namespace = shell.user_ns, shell.user_global_ns
-    return found
+        self.shell = shell
+        self.lock = threading.Lock()
+        self.completer = IPCompleter(shell=shell, namespace=shell.user_ns,
+                                     global_namespace=shell.user_global_ns, parent=shell)
+        self.completer.use_jedi = False
+        # the shell's own for import, %run, %cd
+        self.completer.custom_completers = shell.Completer.custom_completers
+
+    def completions(self, code: str, cursor: int) -> list[Any]:
+        from IPython.core.completer import provisionalcompleter, rectify_completions
+
+        with self.lock, provisionalcompleter():
+            made, shell = self.completer, self.shell
+            made.namespace, made.global_namespace = shell.user_ns, shell.user_global_ns
+            return list(rectify_completions(code, made.completions(code, cursor)))
+
+
+@functools.lru_cache(maxsize=1)
+def _completer_of(shell: Any) -> _Completer:
+    """This process's completer for requests, kept: one, for the shell last asked for."""
+    return _Completer(shell)
 
 
 def complete_here(s: Any, code: str, cursor: int) -> list[tuple[int, int, str, str, str]] | None:
@@ -59,10 +73,7 @@ def complete_here(s: Any, code: str, cursor: int) -> list[tuple[int, int, str, s
     shell = getattr(s.runner, "shell", None)
     if shell is None:
         return None
-    from IPython.core.completer import provisionalcompleter, rectify_completions
-
-    with _lock, provisionalcompleter():
-        found = list(rectify_completions(code, _completer_of(shell).completions(code, cursor)))
+    found = _completer_of(shell).completions(code, cursor)
     return [(c.start, c.end, c.text, c.type or "", c.signature or "") for c in found]
 
 

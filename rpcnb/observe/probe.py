@@ -203,11 +203,7 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
         ok = True
     finally:
         bar.close(ok)
-    _last[s.name] = results
     return results
-
-
-_last: dict[str, ProbeResults] = {}
 
 
 def probe_records(peer: str | None = None) -> list[dict[str, Any]]:

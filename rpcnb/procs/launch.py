@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rpcnb.procs.processes import is_stopped, own_group, started_at, still_running
+from rpcnb.waiting import Deadline
 
 # Environment every rpcnb process gets unless the user set it already.
 QUIET_ENV = {
@@ -201,11 +202,13 @@ class Launcher:
     def _ask(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         rid = msg["id"] = next(self._ids)
         self._send(msg)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         with self._cond:
+            # not waiting.until: it sleeps on the condition that the reader thread notifies
+            # (a reply, or the launcher gone)
             while rid not in self._replies:
-                left = deadline - time.monotonic()
-                if self._gone or left <= 0:
+                left = deadline.left()
+                if self._gone or not left:
                     raise LauncherFailed(self.why_failed())
                 self._cond.wait(min(left, 0.5))
             return self._replies.pop(rid)
@@ -267,54 +270,60 @@ class Launcher:
         self._err.close()
 
 
-_launcher: Launcher | None = None
-_launcher_lock = threading.Lock()
+@dataclass
+class WarmLauncher:
+    """This process's warm launcher: the process's (``WARM``), kept across its groups until
+    the process exits (``stop_launcher``) or a load-time variable changes (``warm_up``
+    replaces it). A forked child has none (``forget``)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held to start or drop one
+    launcher: Launcher | None = None  # the one it started last (None: none, or stopped)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's launcher is not this process's."""
+        self.launcher, self.lock = None, threading.Lock()
+
+
+WARM = WarmLauncher()
 
 
 def warm_up() -> Launcher:
     """This process's launcher, started now (without waiting for its imports) unless one
     runs under the same load-time environment."""
-    global _launcher
-    with _launcher_lock:
-        old = _launcher
+    with WARM.lock:
+        old = WARM.launcher
         if old is not None and old.alive() and old.load_env == load_time_env(os.environ):
             return old
-        _launcher = Launcher()
+        launcher = WARM.launcher = Launcher()
     if old is not None:
         old.stop()
-    return _launcher
+    return launcher
 
 
 def current_launcher() -> Launcher | None:
     """This process's launcher, if it started one that still runs."""
-    launcher = _launcher
+    launcher = WARM.launcher
     return launcher if launcher is not None and launcher.alive() else None
 
 
 def stop_unused_launcher() -> None:
     """Stop the launcher if it never started a worker (a start that failed its checks
     leaves nothing running)."""
-    launcher = _launcher
+    launcher = WARM.launcher
     if launcher is not None and launcher.forked == 0:
         stop_launcher()
 
 
 def stop_launcher() -> None:
     """Stop this process's launcher (and the workers it forked, which leave with it)."""
-    global _launcher
-    with _launcher_lock:
-        old, _launcher = _launcher, None
+    with WARM.lock:
+        old, WARM.launcher = WARM.launcher, None
     if old is not None:
         old.stop()
 
 
-def _forget_launcher() -> None:
-    global _launcher, _launcher_lock
-    _launcher, _launcher_lock = None, threading.Lock()  # a forked child has its own
-
-
 atexit.register(stop_launcher)
-os.register_at_fork(after_in_child=_forget_launcher)
+os.register_at_fork(after_in_child=WARM.forget)
 
 
 @dataclass
@@ -399,9 +408,10 @@ def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir:
 
 
 def wait_exit(workers: list[LocalWorker], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for w in workers:
+    """Wait until every one of ``workers`` has exited, ``timeout`` seconds at most in all."""
+    deadline = Deadline.after(timeout)
+    for w in workers:  # not waiting.until: it waits on each one's exit event, in turn
         try:
-            w.proc.wait(max(0.0, deadline - time.monotonic()))
+            w.proc.wait(deadline.left())
         except subprocess.TimeoutExpired:
             pass

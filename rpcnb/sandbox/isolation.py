@@ -194,16 +194,22 @@ def status() -> Isolation:
     return Isolation(True, ISOLATED.format(net=actual), actual)
 
 
-_noticed = False
+@dataclass
+class _Notice:
+    """Whether this process gave its notice (``notice``): the process's, given once."""
+
+    given: bool = False
+
+
+_NOTICE = _Notice()
 
 
 def notice() -> str | None:
     """The sentence to show the first time a group starts in a process that is not
     isolated; None when it is isolated, or once the sentence was given."""
-    global _noticed
-    if _noticed:
+    if _NOTICE.given:
         return None
-    _noticed = True
+    _NOTICE.given = True
     found = status()
     return None if found.isolated else NOTICE.format(why=found.why)
 

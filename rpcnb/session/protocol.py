@@ -31,6 +31,8 @@ from rpcnb.wire import _torch
 UNKNOWN_OP = "rpcnb has no operation {op!r} here: is this member's rpcnb the same version?"
 NOT_SERVING = "this process answers no rpcnb requests (rpcnb.membership.handlers is not installed)"
 
+# the operations this process answers, ``{name: handler(session, *args)}``: the process's,
+# the same in each of its groups, given once by rpcnb.membership.handlers (``serve``)
 _ops: dict[str, Callable[..., Any]] = {}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -134,12 +135,7 @@ def key_check(secret: str) -> str:
 def sign(key: bytes, sender: str, payload: bytes) -> bytes:
     """``payload`` with its signature, saying who sent it (the name is signed too). The
     payload is copied once, into the message."""
-    signer = _SIGNERS.get((key, sender))
-    if signer is None:
-        name = sender.encode()
-        head = bytes((len(name),)) + name
-        signer = _remember(_SIGNERS, (key, sender), (_headed(key, head), head))
-    base, head = signer
+    base, head = _signer(key, sender)
     h = base.copy()
     h.update(payload)
     return b"".join((SIGNATURE, h.digest(), head, payload))
@@ -148,10 +144,8 @@ def sign(key: bytes, sender: str, payload: bytes) -> bytes:
 # The tag is keyed BLAKE2b over the head (the sender's name, with its length) and then the
 # payload. A keyed state that has already taken a head is kept, per key and head, and
 # copied for each message: a keyed init hashes the key's block each time, and a member
-# sends and receives under a handful of names. Each table is bounded: a stranger's
-# messages can add heads to the receiver's, which is then cleared (they fail the tag).
-_SIGNERS: dict[tuple[bytes, str], tuple[Any, bytes]] = {}  # (key, sender) -> (state, head)
-_CHECKERS: dict[tuple[bytes, bytes], tuple[Any, str]] = {}  # (key, head) -> (state, sender)
+# sends and receives under a handful of names. Each cache is bounded: a stranger's
+# messages can add heads to the receiver's (they fail the tag), pushing out the oldest.
 _TABLE_MAX = 64
 
 
@@ -161,11 +155,18 @@ def _headed(key: bytes, head: bytes) -> Any:
     return h
 
 
-def _remember(table: dict[Any, Any], k: Any, v: Any) -> Any:
-    if len(table) >= _TABLE_MAX:
-        table.clear()
-    table[k] = v
-    return v
+@functools.lru_cache(maxsize=_TABLE_MAX)
+def _signer(key: bytes, sender: str) -> tuple[Any, bytes]:
+    """The keyed state that has taken ``sender``'s head, and the head."""
+    name = sender.encode()
+    head = bytes((len(name),)) + name
+    return _headed(key, head), head
+
+
+@functools.lru_cache(maxsize=_TABLE_MAX)
+def _checker(key: bytes, head: bytes) -> tuple[Any, str]:
+    """The keyed state that has taken ``head``, and the sender it names."""
+    return _headed(key, head), head[1:].decode(errors="replace")
 
 
 def unsign(key: bytes, data: bytes) -> tuple[str, Any] | None:
@@ -175,11 +176,7 @@ def unsign(key: bytes, data: bytes) -> tuple[str, Any] | None:
         return None
     end = _MAC_END + 1 + data[_MAC_END]
     head = data[_MAC_END:end]
-    checker = _CHECKERS.get((key, head))
-    if checker is None:
-        checker = _remember(_CHECKERS, (key, head),
-                            (_headed(key, head), head[1:].decode(errors="replace")))
-    base, sender = checker
+    base, sender = _checker(key, head)
     view = memoryview(data)
     h = base.copy()
     h.update(view[end:])

@@ -23,19 +23,17 @@ from rpcnb.wire import _gather, _torch
 MAX_RANK = 32767  # torch's worker ids are int16
 KEEPER_KIND = "keeper"  # a kept group's first member (rpcnb.keeper): runs no cells
 
-# torch's distributed autograd keeps the first worker id a process had and refuses any
-# other one later; so a process keeps its first rank in every group it is in after that.
-_first_rank: int | None = None
-
 
 def fixed_rank() -> int | None:
-    """The rank this process must keep (None before its first group)."""
-    return _first_rank
+    """The rank this process must keep (None before its first group): torch's distributed
+    autograd keeps the first worker id a process had and refuses any other one later, so a
+    process keeps its first rank in every group it is in after that."""
+    return _torch.FIRST_AGENT.rank
 
 
 def keep_rank(rank: int) -> None:
-    global _first_rank
-    _first_rank = rank
+    """This process's agent started with ``rank``: the one it keeps (``fixed_rank``)."""
+    _torch.FIRST_AGENT.rank = rank
 
 
 # --------------------------------------------------------------------------- claims

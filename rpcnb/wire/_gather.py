@@ -25,8 +25,8 @@ Outside an rpcnb group (``view`` says None) torch's own run. Checked against tor
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.rpc import api
@@ -34,6 +34,7 @@ from torch.distributed.rpc.constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_
 
 from rpcnb import errors
 from rpcnb.errors import WorkerDiedError
+from rpcnb.waiting import Deadline
 from rpcnb.wire import patches
 
 SLICE = 0.05  # seconds between two looks at who is gone, while a round waits
@@ -41,9 +42,17 @@ SLICE = 0.05  # seconds between two looks at who is gone, while a round waits
 View = Callable[[], "set[str] | None"]
 Gone = Callable[[Iterable[str]], dict[str, str]]
 
-_view: View | None = None
-_gone: Gone | None = None
-_what = threading.local()  # which of torch's functions the user called (for the message)
+
+@dataclass
+class Members:
+    """Where rpcnb's all-gather asks about the group (``install``): the process's
+    (``MEMBERS``), as the session layer set it; both None before it did."""
+
+    view: View | None = None  # the group's names now (None: this process is in no rpcnb group)
+    gone: Gone | None = None  # which of the names given died or left, each with what to say
+
+
+MEMBERS = Members()
 _torch_all_gather = api._all_gather
 _torch_barrier = api._barrier
 
@@ -62,8 +71,7 @@ def install(view: View, gone: Gone) -> None:
     """Use rpcnb's ``_all_gather`` and ``_barrier`` (once; ``patches.restore`` undoes it):
     ``view()`` is the group's names now (None: this process is in no rpcnb group), ``gone``
     the names among those given that died or left, each with what to say of it."""
-    global _view, _gone
-    _view, _gone = view, gone
+    MEMBERS.view, MEMBERS.gone = view, gone
     if not patches.replaced(api, "_all_gather"):
         patches.replace(api, "_all_gather", _all_gather)
         patches.replace(api, "_barrier", _barrier)
@@ -84,11 +92,16 @@ def forget_rounds(name: str) -> None:
 
 
 def _all_gather(obj: Any, worker_names: Any = None, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-    view = _view() if _view is not None else None
-    if view is None or _gone is None:
+    return _gather(obj, worker_names, timeout, "_all_gather")
+
+
+def _gather(obj: Any, worker_names: Any, timeout: float, what: str) -> Any:
+    """torch's ``_all_gather`` as the module says; ``what``: which of torch's functions the
+    user called, for the message when a member is gone."""
+    view = MEMBERS.view() if MEMBERS.view is not None else None
+    if view is None or MEMBERS.gone is None:
         return _torch_all_gather(obj, worker_names, timeout)
     wanted = set(worker_names) if worker_names else view
-    what = getattr(_what, "name", "_all_gather")
     _fail_if_gone(what, wanted)
     agent = api._get_current_rpc_agent()
     me = agent.get_worker_info().name
@@ -113,10 +126,12 @@ def _all_gather(obj: Any, worker_names: Any = None, timeout: float = UNSET_RPC_T
                   what, wanted)
         with api._all_gather_dict_lock:
             states = api._all_gather_sequence_id_to_states[sequence_id]
-        deadline = None if signal_timeout is None else time.monotonic() + signal_timeout
+        deadline = Deadline.after(signal_timeout)
+        # not waiting.until: it waits on torch's event, and between two slices looks
+        # whether a member of the round is gone
         while not states.proceed_signal.wait(SLICE):
             _fail_if_gone(what, wanted)
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 break  # torch goes on with what it has when its signal times out
         if leader == me:
             _broadcast(states, sequence_id, leader, wanted, rpc_timeout, what)
@@ -161,8 +176,8 @@ def _wait(fut: Any, what: str, wanted: set[str]) -> Any:
 
 
 def _fail_if_gone(what: str, wanted: set[str]) -> None:
-    assert _gone is not None
-    gone = _gone(wanted)
+    assert MEMBERS.gone is not None
+    gone = MEMBERS.gone(wanted)
     if gone:
         name = sorted(gone)[0]
         raise WorkerDiedError(errors.GATHER_GONE.format(
@@ -172,12 +187,9 @@ def _fail_if_gone(what: str, wanted: set[str]) -> None:
 def _barrier(worker_names: Any) -> None:
     # torch's _barrier logs a failed round and returns; a member that died or left is
     # raised instead: the barrier can never be passed
-    _what.name = "_barrier"
     try:
-        api._all_gather(None, set(worker_names))
+        _gather(None, set(worker_names), UNSET_RPC_TIMEOUT, "_barrier")
     except WorkerDiedError:
         raise
     except RuntimeError:
         api.logger.exception("Failed to complete barrier")
-    finally:
-        _what.name = "_all_gather"

@@ -12,8 +12,8 @@ Importing this module imports torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import threading
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -23,7 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api, internal
+from torch.jit import _builtins
 
+from rpcnb.waiting import until
 from rpcnb.wire import limits, patches
 
 # -- the agent and the store (torch 2.11, 2.13) ------------------------------------------
@@ -117,10 +119,22 @@ def learn_reverse_map(joiner: Any, reverse: dict[Any, Any]) -> None:
                                      {joiner.name: reverse}, True)
 
 
-# TensorPipe reads TP_SOCKET_IFNAME once per process (a function-static in
-# TensorPipeAgent::guessAddress, torch 2.11, 2.13): every agent after the first listens on
-# the address the first one found.
-_first_interface: str | None = None
+@dataclasses.dataclass
+class FirstAgent:
+    """What this process's first RPC agent fixed for every later one (torch 2.11, 2.13):
+    the process's (``FIRST_AGENT``), for its life; None before its first agent."""
+
+    # the TP_SOCKET_IFNAME it listened on: TensorPipe reads the variable once per process
+    # (a function-static in TensorPipeAgent::guessAddress), so every later agent listens
+    # on the address the first one found
+    interface: str | None = None
+    # its rank: distributed autograd keeps the first worker id a process had and refuses
+    # any other one later, so the process keeps that rank in every later group
+    # (``rpcnb.session.roster.fixed_rank``)
+    rank: int | None = None
+
+
+FIRST_AGENT = FirstAgent()
 
 
 def check_interface(wanted: str) -> None:
@@ -128,25 +142,49 @@ def check_interface(wanted: str) -> None:
     ``wanted`` (the TP_SOCKET_IFNAME the next agent would see)."""
     from rpcnb.errors import IFACE_FIXED, RpcnbError
 
-    if _first_interface is not None and _first_interface != wanted:
-        raise RpcnbError(IFACE_FIXED.format(fixed=_first_interface, wanted=wanted))
+    fixed = FIRST_AGENT.interface
+    if fixed is not None and fixed != wanted:
+        raise RpcnbError(IFACE_FIXED.format(fixed=fixed, wanted=wanted))
 
 
 def note_interface(used: str) -> None:
     """An agent started with TP_SOCKET_IFNAME ``used``: the first one fixes it."""
-    global _first_interface
-    if _first_interface is None:
-        _first_interface = used
+    if FIRST_AGENT.interface is None:
+        FIRST_AGENT.interface = used
 
 
 def first_interface() -> str | None:
     """The TP_SOCKET_IFNAME this process's first agent listened on (None before one)."""
-    return _first_interface
+    return FIRST_AGENT.interface
 
 
 def drop_locally(info: Any) -> None:
     """Tell this process's agent that ``info`` (a WorkerInfo) left the group."""
     agent()._update_group_membership(info, [], {}, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TokenTry:
+    """One try at the group token: whether it is ours now (the object's truth), and who
+    held it before ('' when no one did)."""
+
+    taken: bool
+    holder: str
+
+    def __bool__(self) -> bool:
+        return self.taken
+
+
+def _take_token(st: Any, mine: str, name: str, steal_any: bool) -> _TokenTry:
+    """Try to take the group token as ``mine``: free, or held by ``name`` (it died holding
+    it), or by anyone with ``steal_any``."""
+    cur = st.compare_set(GROUP_TOKEN_KEY, "", mine).decode()
+    if cur == mine:
+        return _TokenTry(True, "")
+    if (cur.startswith(f"Token_for_{name}_") or steal_any) \
+            and st.compare_set(GROUP_TOKEN_KEY, cur, mine).decode() == mine:
+        return _TokenTry(True, cur)
+    return _TokenTry(False, cur)
 
 
 def remove_member(name: str, tell: Callable[[str, Any], None], *, steal_any: bool = False,
@@ -168,19 +206,10 @@ def remove_member(name: str, tell: Callable[[str, Any], None], *, steal_any: boo
     except Exception:
         return False  # it never joined, or is already gone
     mine = f"Token_for_rpcnb_forget_{name}_{time.monotonic_ns()}"
-    stolen = ""
-    deadline = time.monotonic() + wait
-    while True:
-        cur = st.compare_set(GROUP_TOKEN_KEY, "", mine).decode()
-        if cur == mine:
-            break
-        if cur.startswith(f"Token_for_{name}_") or steal_any:
-            if st.compare_set(GROUP_TOKEN_KEY, cur, mine).decode() == mine:
-                stolen = cur
-                break
-        if time.monotonic() > deadline:
-            raise RpcnbError(f"the group token stays held by {cur!r}")
-        time.sleep(0.05)
+    token = until(lambda: _take_token(st, mine, name, steal_any), wait, every=0.05)
+    if not token:
+        raise RpcnbError(f"the group token stays held by {token.holder!r}")
+    stolen = token.holder
     try:
         entries = st.get(WORKER_LIST_KEY).decode().split(",")
         keep = [e for e in entries if e and e != f"{name}-{info.id}"]
@@ -315,7 +344,6 @@ def extract_tensors(obj: Any) -> list[Any]:
 
 UNSET_RPC_TIMEOUT = api.UNSET_RPC_TIMEOUT
 _SYNC = internal.RPCExecMode.SYNC
-_hooked = threading.Lock()
 
 
 def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], Any]
@@ -330,73 +358,65 @@ def hook_calls(on_call: Callable[[Any, Any, Any, Any, Callable[[], Any], bool], 
     wrappers that carry torch's own module and name (functools.wraps), so code that
     imported ``remote`` by name still pickles it by reference. Returns the functions
     replaced, with where they were (code that imported one before the hook holds the
-    original: it must travel by that name too)."""
-    global _original_remote
-    with _hooked:
-        if patches.replaced(api, "_invoke_rpc"):
-            return {}
-        original_invoke = api._invoke_rpc
-        original_remote = _original_remote = api.remote
-        partial = functools.partial
+    original: it must travel by that name too). Once: its caller (``serialize.install``)
+    holds its install lock, and a second call finds the hooks in place."""
+    if patches.replaced(api, "_invoke_rpc"):
+        return {}
+    original_invoke = api._invoke_rpc
+    original_remote = api.remote
+    partial = functools.partial
 
-        def python_call(to: Any, func: Any, rpc_type: Any, args: Any, kwargs: Any,
-                        rpc_timeout: float) -> Any:
-            # torch's _invoke_rpc, for a plain Python function (the wrapper below sends
-            # nothing else here), without its Python around the send (the profiler's
-            # context, the checks for TorchScript): what its last branch does, the same C++
-            # call. A builtin written in Python (torch.einsum), an async_execution function,
-            # or a torch profiler on (it records RPCs there) go through torch's own.
-            if hasattr(func, "_wrapped_async_rpc_function") or _profiler_enabled() \
-                    or not api._is_current_rpc_agent_set() \
-                    or (_BUILTINS or _builtin_table()).get(id(func)) is not None:
-                return original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout)
-            return _send_udf(to, func, args or (), kwargs or {}, rpc_timeout, False)
+    def python_call(to: Any, func: Any, rpc_type: Any, args: Any, kwargs: Any,
+                    rpc_timeout: float) -> Any:
+        # torch's _invoke_rpc, for a plain Python function (the wrapper below sends
+        # nothing else here), without its Python around the send (the profiler's
+        # context, the checks for TorchScript): what its last branch does, the same C++
+        # call. A builtin written in Python (torch.einsum), an async_execution function,
+        # or a torch profiler on (it records RPCs there) go through torch's own.
+        if hasattr(func, "_wrapped_async_rpc_function") or _profiler_enabled() \
+                or not api._is_current_rpc_agent_set() \
+                or _BUILTIN_OPS.get(id(func)) is not None:
+            return original_invoke(to, func, rpc_type, args, kwargs, rpc_timeout)
+        return _send_udf(to, func, args or (), kwargs or {}, rpc_timeout, False)
 
-        @functools.wraps(original_invoke)
-        def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
-                        rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-            if rpc_timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
-                rpc_timeout = payload_timeout(args, kwargs)
-            # a builtin (torch.add) goes to torch's own at once: it has no Python to skip
-            send = python_call if type(func) is _FUNCTION else original_invoke
-            return on_call(to, func, args, kwargs,
-                           partial(send, to, func, rpc_type, args, kwargs, rpc_timeout),
-                           rpc_type is _SYNC)
+    @functools.wraps(original_invoke)
+    def _invoke_rpc(to: Any, func: Any, rpc_type: Any, args: Any = None, kwargs: Any = None,
+                    rpc_timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        if rpc_timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
+            rpc_timeout = payload_timeout(args, kwargs)
+        # a builtin (torch.add) goes to torch's own at once: it has no Python to skip
+        send = python_call if type(func) is _FUNCTION else original_invoke
+        return on_call(to, func, args, kwargs,
+                       partial(send, to, func, rpc_type, args, kwargs, rpc_timeout),
+                       rpc_type is _SYNC)
 
-        @functools.wraps(original_remote)
-        def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
-                   timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-            if timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
-                timeout = payload_timeout(args, kwargs)
-            return on_call(to, func, args, kwargs,
-                           partial(original_remote, to, func, args, kwargs, timeout), False)
+    @functools.wraps(original_remote)
+    def remote(to: Any, func: Any, args: Any = None, kwargs: Any = None,
+               timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        if timeout == UNSET_RPC_TIMEOUT and (args or kwargs):
+            timeout = payload_timeout(args, kwargs)
+        return on_call(to, func, args, kwargs,
+                       partial(original_remote, to, func, args, kwargs, timeout), False)
 
-        patches.replace(api, "_invoke_rpc", _invoke_rpc)
-        patches.replace(api, "remote", remote)
-        patches.replace(rpc, "remote", remote)  # the package re-exports api's names
-        return {original_invoke: (api.__name__, "_invoke_rpc"),
-                original_remote: (api.__name__, "remote")}
+    patches.replace(api, "_invoke_rpc", _invoke_rpc)
+    patches.replace(api, "remote", remote)
+    patches.replace(rpc, "remote", remote)  # the package re-exports api's names
+    return {original_invoke: (api.__name__, "_invoke_rpc"),
+            original_remote: (api.__name__, "remote")}
 
 
-_original_remote: Any = None
 _FUNCTION = types.FunctionType
 _profiler_enabled = torch.autograd._profiler_enabled
-_BUILTINS: dict[int, Any] | None = None  # torch.jit's table of builtin operators, by id
-
-
-def _builtin_table() -> dict[int, Any]:
-    """torch.jit's table of what RPC sends as builtin operators (built once; torch adds to it)."""
-    global _BUILTINS
-    from torch.jit import _builtins
-    _BUILTINS = _builtins._get_builtin_table()
-    return _BUILTINS
+# torch.jit's table of what RPC sends as builtin operators, by id: torch's own, made once
+# per process (importing torch makes it) and added to in place (_register_builtin)
+_BUILTIN_OPS: dict[int, Any] = _builtins._get_builtin_table()
 
 
 def call_instead(send: Any, func: Any, args: Any, kwargs: Any) -> Any:
     """``send()`` (a hook's) for a call of ``func(*args, **kwargs)`` instead of its own: to
     the same member, of the same kind, with the same time limit."""
     original, (to, _func, *rest) = send.func, send.args
-    if original is _original_remote:  # (to, func, args, kwargs, timeout)
+    if original is patches.original(api, "remote"):  # (to, func, args, kwargs, timeout)
         return original(to, func, args, kwargs, rest[-1])
     return original(to, func, rest[0], args, kwargs, rest[-1])  # (to, func, rpc_type, ...)
 
@@ -449,7 +469,7 @@ def _sparse_bytes(t: Any) -> int:
 def is_builtin(func: Any) -> bool:
     """Whether torch RPC sends a call of ``func`` as a builtin operator (``torch.add``):
     serialized in C++, its tensors in TensorPipe's table, never through the pickler."""
-    return (_BUILTINS or _builtin_table()).get(id(func)) is not None  # _find_builtin's work
+    return _BUILTIN_OPS.get(id(func)) is not None  # _find_builtin's work
 
 
 def send_python_call(to: str, func: Any, args: tuple[Any, ...], timeout: float) -> Any:

@@ -20,15 +20,11 @@ MIN_RATE_ENV = "RPCNB_MIN_RATE"  # bytes per second a payload's time limit assum
 DEFAULT_MIN_RATE = float(settings.SETTINGS[MIN_RATE_ENV].default)  # 1 MB/s
 GROW_FROM = 1 << 20  # bytes from which a plain call's limit grows (1 s at the floor rate)
 
-_rate: float | None = None
-
 
 def floor_rate() -> float:
-    """Bytes per second every payload is assumed to reach at least (``RPCNB_MIN_RATE``)."""
-    global _rate
-    if _rate is None:
-        _rate = float(settings.number(MIN_RATE_ENV))
-    return _rate
+    """Bytes per second every payload is assumed to reach at least (``RPCNB_MIN_RATE``, read
+    now: only a call that carries a payload asks, and a read takes a microsecond)."""
+    return float(settings.number(MIN_RATE_ENV))
 
 
 def grown(base: float, nbytes: int) -> float:

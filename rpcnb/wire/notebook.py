@@ -34,6 +34,7 @@ import threading
 import types
 import uuid
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -47,14 +48,62 @@ UNPICKLABLE_GLOBAL = (
     "process: {reason}. Create it inside the function, or pass what it holds as an argument."
 )
 
-_lock = threading.RLock()
-_own: dict[str, tuple[Any, int]] = {}  # name -> (object this process assigned, version)
-_received: dict[str, tuple[tuple[str, int], Any]] = {}  # name -> (tag, object taken)
-_seen: dict[tuple[str, str], int] = {}  # (origin, name) -> latest version taken
-_keys: weakref.WeakKeyDictionary[Any, tuple[str, int]] = weakref.WeakKeyDictionary()
-_home: dict[tuple[str, int], weakref.ref[Any]] = {}  # key -> a function defined here
-_rebuilt: dict[tuple[str, int], Any] = {}  # function key -> the function rebuilt here
-_submodules: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+Key = tuple[str, int]  # a notebook function's name everywhere: (PROCESS where defined, id there)
+Tag = tuple[str, int]  # an assignment of a notebook global: (PROCESS that made it, its count there)
+
+
+@dataclass(slots=True)
+class Ledger:
+    """What this process knows of the notebook code it shipped and took: one per process
+    (``LEDGER``), kept for the process's life, across its groups (a function shipped to a
+    kernel in one group is the same object there in the next; an assignment taken once is
+    not taken again). The pickler of every message that carries notebook code reads it,
+    so the tables are read without the lock; ``lock`` is held to change them together."""
+
+    # held to change the tables below (reentrant: making a function's bytes pickles it,
+    # and pickling it tags its globals)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    # -- the notebook's globals: which assignment a value is (the module's rule)
+    # name -> (the object this process assigned to it, how many assignments so far)
+    own: dict[str, tuple[Any, int]] = field(default_factory=dict)
+    # name -> (the assignment taken from another process, the object it put here)
+    received: dict[str, tuple[Tag, Any]] = field(default_factory=dict)
+    # (origin, name) -> the latest of that origin's assignments taken here
+    seen: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    # -- notebook functions: one object per function in each process
+    # a function defined or rebuilt here -> its key
+    keys: weakref.WeakKeyDictionary[Any, Key] = field(default_factory=weakref.WeakKeyDictionary)
+    # key -> the function defined here (the entry goes as the function is freed)
+    home: dict[Key, weakref.ref[Any]] = field(default_factory=dict)
+    # key -> the function rebuilt here from what another process sent
+    rebuilt: dict[Key, Any] = field(default_factory=dict)
+
+    # -- what makes shipping cheap, kept (bounded where what arrives could grow it)
+    # code object -> the imported submodules its function reaches (``_submodules_of``)
+    submodules: weakref.WeakKeyDictionary[Any, list[str]] = field(
+        default_factory=weakref.WeakKeyDictionary)
+    # id(code object) -> (the code object, its marshal): marshalled once (``_CodeRef``)
+    marshalled: dict[int, tuple[Any, bytes]] = field(default_factory=dict)
+    # a code object's marshal -> that code object here: loaded once (``_load_code``)
+    loaded: dict[bytes, Any] = field(default_factory=dict)
+    # id -> a class or function cloudpickle found it can send by reference (kept alive,
+    # so that the id stays its own; ``Pickler.reducer_override``)
+    by_reference: dict[int, Any] = field(default_factory=dict)
+
+    # -- notebook functions shipped once, as bytes (``shipped``, ``load_shipped``)
+    # function -> what its bytes were made from, with the bytes
+    forms: weakref.WeakKeyDictionary[Any, _Form] = field(
+        default_factory=weakref.WeakKeyDictionary)
+    # bytes read here -> the function made from them
+    from_blob: dict[bytes, Any] = field(default_factory=dict)
+    # the functions whose bytes are being made (under ``lock``: by one thread at a time),
+    # innermost last, each with the notebook functions its bytes will hold
+    building: list[tuple[Any, list[tuple[Any, _Form | None]]]] = field(default_factory=list)
+
+
+LEDGER = Ledger()
 
 
 def namespace() -> dict[str, Any]:
@@ -79,24 +128,24 @@ def is_notebook_function(obj: Any) -> bool:
 # --------------------------------------------------------------------------- sending
 
 
-def _tag_now(name: str, value: Any) -> tuple[str, int] | None:
+def _tag_now(name: str, value: Any) -> Tag | None:
     """``_tag(name, value)`` without making one: None where it would be a new assignment."""
-    got = _received.get(name)
+    got = LEDGER.received.get(name)
     if got is not None and got[1] is value:
         return got[0]
-    own = _own.get(name)
+    own = LEDGER.own.get(name)
     return (PROCESS, own[1]) if own is not None and own[0] is value else None
 
 
-def _tag(name: str, value: Any) -> tuple[str, int]:
+def _tag(name: str, value: Any) -> Tag:
     """Where ``value`` (the global ``name`` here now) was assigned, and which time."""
-    with _lock:
+    with LEDGER.lock:
         tag = _tag_now(name, value)  # forwarding what we took from elsewhere, or our own
         if tag is not None:
             return tag
-        own = _own.get(name)
+        own = LEDGER.own.get(name)
         version = own[1] + 1 if own is not None else 1
-        _own[name] = (value, version)
+        LEDGER.own[name] = (value, version)
         return (PROCESS, version)
 
 
@@ -145,8 +194,9 @@ def process_local(value: Any) -> Fresh | None:
     return None
 
 
-def _forget_home(key: tuple[str, int]) -> Any:
-    return lambda _ref: _home.pop(key, None)
+def _forget_home(key: Key) -> Any:
+    home = LEDGER.home  # not looked up when called: at exit the module's names are gone
+    return lambda _ref: home.pop(key, None)
 
 
 class _CodeRef:
@@ -159,37 +209,35 @@ class _CodeRef:
         self.code = code
 
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        data = _marshalled.get(id(self.code))
+        marshalled = LEDGER.marshalled
+        data = marshalled.get(id(self.code))
         if data is None or data[0] is not self.code:
             data = (self.code, marshal.dumps(self.code))
-            if len(_marshalled) > 10_000:
-                _marshalled.clear()
-            _marshalled[id(self.code)] = data
-            _loaded[data[1]] = self.code  # coming back here, it is this very code object
+            if len(marshalled) > 10_000:
+                marshalled.clear()
+            marshalled[id(self.code)] = data
+            LEDGER.loaded[data[1]] = self.code  # coming back here, it is this very code object
         return (_load_code, (data[1],))
 
 
-_marshalled: dict[int, tuple[Any, bytes]] = {}
-_loaded: dict[bytes, Any] = {}
-
-
 def _load_code(data: bytes) -> Any:
-    code = _loaded.get(data)
+    loaded = LEDGER.loaded
+    code = loaded.get(data)
     if code is None:
         code = marshal.loads(data)
-        if len(_loaded) > 10_000:
-            _loaded.clear()
-        _loaded[data] = code
+        if len(loaded) > 10_000:
+            loaded.clear()
+        loaded[data] = code
     return code
 
 
-def _function_key(func: Any) -> tuple[str, int]:
-    key = _keys.get(func)
+def _function_key(func: Any) -> Key:
+    key = LEDGER.keys.get(func)
     if key is None:
         key = (PROCESS, id(func))
-        with _lock:
-            _keys[func] = key
-            _home[key] = weakref.ref(func, _forget_home(key))
+        with LEDGER.lock:
+            LEDGER.keys[func] = key
+            LEDGER.home[key] = weakref.ref(func, _forget_home(key))
     return key
 
 
@@ -198,10 +246,10 @@ def _submodules_of(func: Any, values: list[Any]) -> list[str]:
     ``torch``): cloudpickle scans sys.modules for them, about a millisecond; once per
     code object here."""
     code = func.__code__
-    found = _submodules.get(code)
+    found = LEDGER.submodules.get(code)
     if found is None:
         found = [m.__name__ for m in _cp._find_imported_submodules(code, values)]
-        _submodules[code] = found
+        LEDGER.submodules[code] = found
     return found
 
 
@@ -242,13 +290,9 @@ def reduce_function(pickler: Any, func: Any) -> tuple[Any, ...]:
 
 # Functions rpcnb replaced in a library (torch's rpc.remote, hooked for telemetry), with
 # the module and name they are found under: code that imported one before it was replaced
-# holds the original, which must still travel by that name, not by value.
+# holds the original, which must still travel by that name, not by value. The process's,
+# filled and emptied by ``rpcnb.paths.serialize.install`` and ``uninstall``.
 REPLACED: dict[Any, tuple[str, str]] = {}
-
-
-# classes and functions cloudpickle found it can send by reference (kept alive here, so
-# their ids stay theirs)
-_BY_REFERENCE: dict[int, Any] = {}
 
 
 def _attribute(module: str, name: str) -> Any:
@@ -265,15 +309,16 @@ class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
         # cloudpickle decides for every class and function whether it can go by reference
         # (module and name lookups, tens of microseconds a message); the answer is kept
-        known = _BY_REFERENCE.get(id(obj))
+        by_reference = LEDGER.by_reference
+        known = by_reference.get(id(obj))
         if known is obj:
             return NotImplemented
         reduced = super().reducer_override(obj)
         if reduced is NotImplemented and (type(obj) is types.FunctionType
                                           or isinstance(obj, type)):
-            if len(_BY_REFERENCE) > 100_000:
-                _BY_REFERENCE.clear()
-            _BY_REFERENCE[id(obj)] = obj
+            if len(by_reference) > 100_000:
+                by_reference.clear()
+            by_reference[id(obj)] = obj
         return reduced
 
     def _function_reduce(self, obj: Any) -> Any:
@@ -327,10 +372,6 @@ class _Form:
         self.blob: bytes | None = None
 
 
-_forms: weakref.WeakKeyDictionary[Any, _Form] = weakref.WeakKeyDictionary()
-_from_blob: dict[bytes, Any] = {}  # bytes read here -> the function made from them
-
-
 def _same_items(now: dict[str, Any] | None, then: dict[str, Any]) -> bool:
     if now is None:
         return not then
@@ -367,7 +408,7 @@ def _current(func: Any, form: _Form) -> bool:
             return False
     # the notebook functions inside the bytes (helpers, defaults): the same forms, current
     for inner, inner_form in form.inner:
-        if inner_form is None or _forms.get(inner) is not inner_form \
+        if inner_form is None or LEDGER.forms.get(inner) is not inner_form \
                 or not _current(inner, inner_form):
             return False
     return True
@@ -376,13 +417,8 @@ def _current(func: Any, form: _Form) -> bool:
 def shipped_form(func: Any) -> bytes | None:
     """The bytes ``shipped`` last found current for ``func``, unchecked (for the pickler,
     right after ``shipped`` checked them for the same message)."""
-    form = _forms.get(func)
+    form = LEDGER.forms.get(func)
     return form.blob if form is not None else None
-
-
-# the functions whose bytes this thread is making (under _lock), innermost last, each with
-# the notebook functions its bytes will hold
-_building: list[tuple[Any, list[tuple[Any, _Form | None]]]] = []
 
 
 def _steady(value: Any, depth: int = 0) -> bool:
@@ -395,14 +431,15 @@ def _steady(value: Any, depth: int = 0) -> bool:
     if cls is types.FunctionType:
         if not is_notebook_function(value):
             return bool(_cp._should_pickle_by_reference(value))
-        top, inner = _building[-1]
+        building = LEDGER.building
+        top, inner = building[-1]
         if value is top:
             return True  # recursion: its own bytes
-        if any(value is f for f, _ in _building):
+        if any(value is f for f, _ in building):
             return False  # functions calling each other: pickled afresh each time
         if shipped(value) is None:
             return False
-        inner.append((value, _forms.get(value)))
+        inner.append((value, LEDGER.forms.get(value)))
         return True
     if cls is types.BuiltinFunctionType:
         return isinstance(getattr(value, "__self__", None), (types.ModuleType, type(None)))
@@ -414,12 +451,12 @@ def _steady(value: Any, depth: int = 0) -> bool:
 def shipped(func: Any) -> bytes | None:
     """The bytes a notebook function travels as while its globals stay as they are, made
     once; None for a function that must be pickled afresh with every message."""
-    form = _forms.get(func)
+    form = LEDGER.forms.get(func)
     if form is not None and _current(func, form):
         return form.blob
-    with _lock:
+    with LEDGER.lock:
         form = _Form(func, tuple(_cp._extract_code_globals(func.__code__)))
-        _building.append((func, form.inner))
+        LEDGER.building.append((func, form.inner))
         try:
             if func.__closure__ is None and not func.__dict__ \
                     and all(v is _MISSING or v is _SELF or _steady(v) for v in form.values) \
@@ -433,11 +470,11 @@ def shipped(func: Any) -> bytes | None:
                 except (pickle.PicklingError, TypeError, AttributeError, ValueError):
                     pass  # pickled afresh with each message: that path says what fails
         finally:
-            _building.pop()
+            LEDGER.building.pop()
         g = func.__globals__  # the tags the bytes hold (modules travel untagged)
         form.tags = tuple(None if v is _MISSING or type(v) is types.ModuleType
                           else _tag_now(n, g.get(n)) for n, v in zip(form.names, form.values, strict=True))
-        _forms[func] = form
+        LEDGER.forms[func] = form
         return form.blob
 
 
@@ -452,13 +489,14 @@ def _globals_here(func: Any) -> bool:
 
 def load_shipped(blob: bytes) -> Any:
     """The function ``shipped`` bytes stand for: made once here from the same bytes."""
-    func = _from_blob.get(blob)
+    from_blob = LEDGER.from_blob
+    func = from_blob.get(blob)
     if func is None or func.__globals__ is not namespace() or not _globals_here(func):
         func = pickle.loads(blob)
-        with _lock:
-            if len(_from_blob) > 1000:
-                _from_blob.clear()
-            _from_blob[blob] = func
+        with LEDGER.lock:
+            if len(from_blob) > 1000:
+                from_blob.clear()
+            from_blob[blob] = func
     return func
 
 
@@ -481,33 +519,33 @@ def explain(pickler: Any, error: BaseException) -> BaseException:
 # --------------------------------------------------------------------------- receiving
 
 
-def _make_function(key: tuple[str, int], code: Any, name: str, closure: Any) -> Any:
+def _make_function(key: Key, code: Any, name: str, closure: Any) -> Any:
     """The function ``key`` bound to this process's notebook namespace: the one rebuilt
     before when its code is the same (a function shipped again is the same object)."""
     if key[0] == PROCESS:  # one of ours, back home
-        ref = _home.get(key)
+        ref = LEDGER.home.get(key)
         home = ref() if ref is not None else None
         # the same code, though perhaps not the same object: marshal's output depends on
         # reference counts, so a code object that went there and back may be a copy
         if home is not None and (home.__code__ is code or home.__code__ == code):
             return home
-    with _lock:
-        func = _rebuilt.get(key)
+    with LEDGER.lock:
+        func = LEDGER.rebuilt.get(key)
         if func is not None and func.__code__ == code and func.__globals__ is namespace() \
                 and (func.__closure__ is None) == (closure is None):
             return func
         ns = namespace()
         ns.setdefault("__builtins__", __builtins__)
         func = types.FunctionType(code, ns, name, None, closure)
-        _rebuilt[key] = func
-        _keys[func] = key
+        LEDGER.rebuilt[key] = func
+        LEDGER.keys[func] = key
         return func
 
 
 def _set_function_state(func: Any, state: dict[str, Any]) -> None:
-    key = _keys.get(func, ("", 0))
+    key = LEDGER.keys.get(func, ("", 0))
     if key[0] == PROCESS:
-        ref = _home.get(key)
+        ref = LEDGER.home.get(key)
         if ref is not None and ref() is func:
             return  # one of ours, back home: it is as it was (its globals are ours)
     for module in state["submodules"]:
@@ -525,7 +563,8 @@ def take(items: dict[str, tuple[Any, Any]]) -> None:
     """Merge shipped globals into this process's namespace by the rule in the module's
     docstring."""
     ns = namespace()
-    with _lock:
+    ledger = LEDGER
+    with ledger.lock:
         for name, (tag, value) in items.items():
             if tag is None:  # a module
                 ns.setdefault(name, value)
@@ -533,9 +572,9 @@ def take(items: dict[str, tuple[Any, Any]]) -> None:
             origin, version = tag
             if origin == PROCESS:
                 continue  # our own value
-            if _seen.get((origin, name), 0) >= version and name in ns:
+            if ledger.seen.get((origin, name), 0) >= version and name in ns:
                 continue  # an assignment this process took already (or changed since)
-            _seen[(origin, name)] = version
+            ledger.seen[(origin, name)] = version
             obj = value.make() if isinstance(value, Fresh) else value
             ns[name] = obj
-            _received[name] = (tag, obj)
+            ledger.received[name] = (tag, obj)

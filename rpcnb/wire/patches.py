@@ -6,17 +6,28 @@ replaced, so that ``restore`` can put them back exactly as they were
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NOT_OURS", "replace", "replaced", "restore"]
+__all__ = ["NOT_OURS", "PATCHES", "Patches", "original", "replace", "replaced", "restore"]
 
 NOT_OURS = ("{name} was replaced again after rpcnb replaced it (by another library?): rpcnb "
             "cannot put torch's own back without undoing that too; leave it installed.")
 
 _ABSENT = object()  # the attribute was not the object's own (a method of its class)
-_lock = threading.Lock()
-# (object, attribute, what it was, what rpcnb put there), in the order they were replaced
-_replaced: list[tuple[Any, str, Any, Any]] = []
+
+
+@dataclass
+class Patches:
+    """What rpcnb replaced, in the order it did: the process's (``PATCHES``), for as long
+    as the replacements stay (``restore`` empties it)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held to read or change ``done``
+    # (object, attribute, what it was, what rpcnb put there), oldest first
+    done: list[tuple[Any, str, Any, Any]] = field(default_factory=list)
+
+
+PATCHES = Patches()
 
 
 def _own(owner: Any, name: str) -> Any:
@@ -25,16 +36,25 @@ def _own(owner: Any, name: str) -> Any:
 
 def replace(owner: Any, name: str, value: Any) -> None:
     """``setattr(owner, name, value)``, noted with what ``owner`` held before."""
-    with _lock:
-        _replaced.append((owner, name, _own(owner, name), value))
+    with PATCHES.lock:
+        PATCHES.done.append((owner, name, _own(owner, name), value))
         setattr(owner, name, value)
 
 
 def replaced(owner: Any, name: str) -> bool:
     """Whether rpcnb's replacement of ``owner.name`` is in place now."""
-    with _lock:
+    with PATCHES.lock:
         return any(o is owner and n == name and _own(owner, name) is ours
-                   for o, n, _, ours in _replaced)
+                   for o, n, _, ours in PATCHES.done)
+
+
+def original(owner: Any, name: str) -> Any:
+    """What ``owner.name`` was before rpcnb first replaced it (None when rpcnb has not)."""
+    with PATCHES.lock:
+        for o, n, before, _ours in PATCHES.done:
+            if o is owner and n == name:
+                return None if before is _ABSENT else before
+    return None
 
 
 def restore() -> None:
@@ -42,13 +62,14 @@ def restore() -> None:
     was not the object's own is deleted again). A RuntimeError, with nothing changed, when
     one of them no longer holds rpcnb's value: someone replaced it since, and putting
     torch's back would undo theirs."""
-    with _lock:
-        for owner, name, _before, ours in _replaced:
+    with PATCHES.lock:
+        done = PATCHES.done
+        for owner, name, _before, ours in done:
             if _own(owner, name) is not ours:
                 where = getattr(owner, "__name__", type(owner).__name__)
                 raise RuntimeError(NOT_OURS.format(name=f"{where}.{name}"))
-        while _replaced:
-            owner, name, before, _ours = _replaced.pop()
+        while done:
+            owner, name, before, _ours = done.pop()
             if before is _ABSENT:
                 delattr(owner, name)
             else:

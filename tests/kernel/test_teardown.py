@@ -43,7 +43,7 @@ def failing_push(self, name, cleanup, *, last=False):
 teardown.Teardown.push = failing_push
 
 def left():
-    launcher = launch._launcher
+    launcher = launch.WARM.launcher
     spared = {launcher.proc.pid} if launcher is not None else set()
     workers = [p.pid for p in me.children(recursive=True)
                if p.pid not in spared and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -16,11 +16,9 @@ def rate(monkeypatch):
             monkeypatch.delenv(limits.MIN_RATE_ENV, raising=False)
         else:
             monkeypatch.setenv(limits.MIN_RATE_ENV, value)
-        monkeypatch.setattr(limits, "_rate", None)
         return limits.floor_rate()
 
-    yield set_rate
-    limits._rate = None
+    return set_rate
 
 
 def test_a_limit_grows_with_the_bytes(rate):
@@ -50,7 +48,7 @@ def test_a_plain_call_grows_only_when_large(monkeypatch):
     torch = pytest.importorskip("torch")
     from rpcnb.wire import _torch
 
-    monkeypatch.setattr(limits, "_rate", float(1 << 20))
+    monkeypatch.setenv(limits.MIN_RATE_ENV, str(1 << 20))
     monkeypatch.setattr(_torch.rpc, "get_rpc_timeout", lambda: 60.0)
     unset = _torch.UNSET_RPC_TIMEOUT
     assert _torch.payload_timeout((torch.ones(10), 1, "a"), None) == unset

@@ -48,7 +48,7 @@ def test_waiting_records_stay_bounded_and_the_newest_are_kept():
     n = telemetry.CAPACITY * 2 + 7
     for i in range(n):
         telemetry.record("w1", "cell", float(i), 0.001)
-    assert len(telemetry._later) < telemetry.LATER  # settled a few hundred at a time
+    assert len(telemetry.CALLS.later) < telemetry.LATER  # settled a few hundred at a time
     recs = telemetry.records()
     assert len(recs) == telemetry.CAPACITY and recs[-1]["start"] == float(n - 1)
     assert telemetry.summary("w1")["calls"] == n
