@@ -26,7 +26,8 @@ from rpcnb.errors import (
     WorkerDiedError,
     WorkerUnreachableError,
 )
-from rpcnb.session.state import ALL, Group
+from rpcnb.session.members import Group
+from rpcnb.session.state import ALL
 
 machine.check_platform(sys.platform)  # Linux only: one clear sentence elsewhere
 

@@ -27,7 +27,8 @@ from rpcnb.observe.names import who
 from rpcnb.paths import ucx as ucx_path
 from rpcnb.procs import launch
 from rpcnb.session import state
-from rpcnb.session.state import ALL, Group, is_initialized
+from rpcnb.session.members import Group
+from rpcnb.session.state import ALL, is_initialized
 from rpcnb.session.teardown import Teardown
 from rpcnb.wire import options
 

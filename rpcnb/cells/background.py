@@ -22,7 +22,7 @@ from rpcnb.cells import call, comms
 from rpcnb.cells.messages import Done, Message, from_wire
 from rpcnb.cells.printer import Printer
 from rpcnb.errors import RpcnbError
-from rpcnb.session import protocol, state
+from rpcnb.session import members, protocol, state
 
 PROGRESS_INTERVAL = 0.5  # seconds between updates of wait_interactive's display
 ASK_S = 1.0  # how long %rpc_jobs waits for a worker to say where its cell is
@@ -332,7 +332,7 @@ def current_lines(found: list[BackgroundCell],
         except Exception:
             continue
         if busy and busy.get("call_id") == c.call_id:
-            now.setdefault(job_id, {})[c.worker] = state.where(busy) or "-"
+            now.setdefault(job_id, {})[c.worker] = members.where(busy) or "-"
     return now
 
 

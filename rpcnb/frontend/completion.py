@@ -38,7 +38,7 @@ from IPython.core.completer import (
 from rpcnb import errors
 from rpcnb.frontend import plans
 from rpcnb.session import state
-from rpcnb.session.state import Status
+from rpcnb.session.members import Status
 
 # a %%remote cell: blank lines, the magic's line, and the body from the next line on
 _CELL = re.compile(r"\s*%%remote(?=[ \t\n])([^\n]*)\n")

@@ -24,7 +24,7 @@ from rpcnb import telemetry
 from rpcnb.frontend import panel_actions, rrefs
 from rpcnb.frontend.held import Held, find_rrefs
 from rpcnb.session import state
-from rpcnb.session.state import Status
+from rpcnb.session.members import Status
 from rpcnb.waiting import Deadline
 
 TARGET = "rpcnb.panel"

@@ -28,7 +28,7 @@ from rpcnb import errors
 from rpcnb.errors import RpcnbError
 from rpcnb.procs import launch
 from rpcnb.session import state
-from rpcnb.session.state import Group
+from rpcnb.session.members import Group
 
 # ipyparallel's engine launchers by the names its Cluster takes
 LAUNCHERS = ("local", "mpi", "ssh", "slurm", "pbs", "lsf", "sge", "htcondor")

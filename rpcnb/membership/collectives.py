@@ -21,7 +21,8 @@ from typing import Any
 from rpcnb import settings
 from rpcnb.errors import RpcnbError
 from rpcnb.session import protocol, rendezvous
-from rpcnb.session.state import Collectives, Session
+from rpcnb.session.members import Collectives
+from rpcnb.session.state import Session
 
 BACKENDS = ("gloo", "nccl", "auto")
 DEFAULT_TIMEOUT = 60.0  # seconds a collective waits for every rank

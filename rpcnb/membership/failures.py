@@ -25,7 +25,8 @@ from rpcnb.membership import leave
 from rpcnb.paths import shm
 from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
-from rpcnb.session.state import Session, Status
+from rpcnb.session.members import Status
+from rpcnb.session.state import Session
 from rpcnb.wire import _torch
 
 POLL = 0.2  # seconds between looks

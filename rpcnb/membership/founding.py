@@ -29,7 +29,8 @@ from rpcnb.membership import collectives as coll
 from rpcnb.membership import failures, kept, start
 from rpcnb.procs import launch
 from rpcnb.session import fence, rendezvous, roster
-from rpcnb.session.state import Member, Session
+from rpcnb.session.members import Member
+from rpcnb.session.state import Session
 from rpcnb.session.teardown import Teardown
 from rpcnb.wire import _torch, options
 

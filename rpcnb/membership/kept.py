@@ -337,7 +337,7 @@ def gpu_memory(rec: Record) -> dict[str, list[dict[str, Any]]] | None:
 def gpu_text(rec: Record) -> str:
     """The GPU memory column: ``no GPU``, or each worker's ``worker1 cuda:0 1.2 GB alloc /
     2.0 GB reserved / 79.6 GB``; ``-`` before the keeper asked."""
-    from rpcnb.session.state import gpu_memory as said
+    from rpcnb.session.members import gpu_memory as said
 
     gpus = gpu_memory(rec)
     if gpus is None:

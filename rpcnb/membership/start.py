@@ -30,7 +30,8 @@ from rpcnb.observe import channels
 from rpcnb.paths import serialize, shm, ucx
 from rpcnb.procs import launch
 from rpcnb.session import fence, protocol, rendezvous, roster, state
-from rpcnb.session.state import Member, Session, WorkerSpec
+from rpcnb.session.members import Member, WorkerSpec
+from rpcnb.session.state import Session
 from rpcnb.session.teardown import Teardown
 from rpcnb.waiting import until
 from rpcnb.wire import _rref_context, _torch, options

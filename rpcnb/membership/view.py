@@ -14,7 +14,7 @@ from rpcnb import machine, settings, telemetry
 from rpcnb.paths import shm
 from rpcnb.procs import processes
 from rpcnb.session import protocol, roster, state
-from rpcnb.session.state import Group, Status
+from rpcnb.session.members import Group, Status
 from rpcnb.wire import _torch
 
 ASK_S = 3.0  # how long %rpc_workers waits for each member to describe itself

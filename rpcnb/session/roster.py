@@ -17,7 +17,8 @@ from typing import Any
 from rpcnb import errors
 from rpcnb.errors import RpcnbError, WorkerDiedError, WorkerUnreachableError
 from rpcnb.session import protocol, rendezvous, state
-from rpcnb.session.state import ALL, Member, Session, Status
+from rpcnb.session.members import Member, Status
+from rpcnb.session.state import ALL, Session
 from rpcnb.wire import _gather, _torch
 
 MAX_RANK = 32767  # torch's worker ids are int16

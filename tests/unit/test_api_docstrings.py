@@ -77,7 +77,7 @@ def test_the_function_documents_its_parameters_returns_and_raises(name):
 
 def test_the_classes_document_attributes_they_have():
     from rpcnb.errors import CompositeRemoteError, RemoteError, WorkerDiedError
-    from rpcnb.session.state import Group
+    from rpcnb.session.members import Group
 
     remote = RemoteError("worker1", "ZeroDivisionError", "division by zero", "tb")
     samples = {

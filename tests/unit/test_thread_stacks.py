@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 from rpcnb import errors  # noqa: E402
 from rpcnb.cells.runner import CellRunner, Job  # noqa: E402
 from rpcnb.observe import stacks  # noqa: E402
-from rpcnb.session.state import Group, Member, Status, busy_line  # noqa: E402
+from rpcnb.session.members import Group, Member, Status, busy_line  # noqa: E402
 
 CELL = """\
 import time
