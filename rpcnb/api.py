@@ -142,8 +142,8 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
     names = [f"worker{i}" for i in range(1, workers + 1)]
     if name in names:
         raise ValueError(errors.NAME_CLASH.format(name=name, n=workers))
-    opts = options.validate(threads, timeout, channels, transports, shm=shm, zero_copy=zero_copy)
-    opts["ucx"] = ucx_path.option(ucx)
+    opts = options.validate(threads, timeout, channels, transports, shm=shm,
+                            zero_copy=zero_copy, ucx=ucx_path.option(ucx))
     if collectives is not None or collective_timeout is not None:
         from rpcnb.membership import collectives as coll  # only then: it imports torch
 
@@ -152,13 +152,11 @@ def init(workers: int = 0, *, name: str = "worker0", threads: int = options.DEFA
             raise ValueError(errors.COLLECTIVES_NEED_WORKERS if collectives else
                              "collective_timeout goes with collectives.")
     devices = options.plan_devices(name, names, gpus, device_map)
-    if name in devices.maps:
-        opts["device_map"] = devices.maps[name]
     from rpcnb.membership import founding, handlers
 
     meeting = founding.Meeting.checked(port, host, allow_remote, interface)
-    if meeting.remote:
-        opts["one_host"] = False  # members may join from elsewhere: no shared memory
+    # members may join from elsewhere: no shared memory
+    opts = opts.replace(device_map=devices.maps.get(name), one_host=not meeting.remote)
     handlers.install()
     founding.found_group(name, names, opts, devices, meeting, collectives=collectives,
                          collective_timeout=collective_timeout)
@@ -204,7 +202,7 @@ def attach(group: str | None = None, *, name: str | None = None) -> Group:
         kept.release(rec.name, claim)
         raise
     s = state.current()
-    s.options["kept"] = rec.name
+    s.kept_group = rec.name
     s.teardown.push("kept group's claim", functools.partial(kept.release, rec.name, claim))
     seconds = time.monotonic() - t0
     from rpcnb.membership import view as views
@@ -279,8 +277,8 @@ def join(address: str, name: str, *, token: str | None = None,
     """
     launch.apply_quiet_env()
     opts = options.validate(threads, timeout if timeout is not None
-                            else options.DEFAULT_RPC_TIMEOUT, shm=shm, zero_copy=zero_copy)
-    opts["ucx"] = ucx_path.option(ucx)
+                            else options.DEFAULT_RPC_TIMEOUT, shm=shm, zero_copy=zero_copy,
+                            ucx=ucx_path.option(ucx))
     if state.is_initialized():
         raise RpcnbError(errors.ALREADY_INITIALIZED.format(name=state.current().name))
     options.check_name(name)
@@ -373,7 +371,7 @@ def shutdown(timeout: float = 10.0) -> None:
         rpcnb.RpcnbError: this process is in no group.
     """
     s = state.current()
-    kept_group = s.options.get("kept")
+    kept_group = s.kept_group
     if s.is_leader:
         leave.shutdown_group(s, timeout)
     else:

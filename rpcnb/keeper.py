@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rpcnb.keeper: {rec.failed}", file=sys.stderr, flush=True)
         return 2
     s = state.current()
-    s.options["kept"] = args.group
+    s.kept_group = args.group
     if s.runner is not None:
         s.runner.kind_name = "keeper"
     me = s.members.get(kept.KEEPER)

@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None, secret: str | None = None) -> None:
     """A worker of the group ``argv`` names; ``secret`` is the group's (read from stdin
     when it is not given)."""
     import argparse
-    import json
 
     argv = sys.argv[1:] if argv is None else argv
     if not any(a == "--init-method" or a.startswith("--init-method=") for a in argv):
@@ -94,7 +93,8 @@ def main(argv: list[str] | None = None, secret: str | None = None) -> None:
     comms.install_worker()  # widgets made here are relayed to the notebook
     if secret is None:
         secret = sys.stdin.readline().strip()  # a leader wrote it into our stdin pipe
-    s = start.start_member(args.name, args.rank, args.init_method, json.loads(args.options),
+    s = start.start_member(args.name, args.rank, args.init_method,
+                           options.GroupOptions.from_json(args.options),
                            leader=args.leader, runner=runner, secret=secret)
     output.set_background(output.Capture(None, args.leader, args.name, s.token))
     console.install_worker()  # after the secret was read from stdin
@@ -209,8 +209,7 @@ def headless(argv: list[str]) -> None:
         secret = read_token(args.token, args.token_file, args.join)
         name = worker_name(args.name)
         opts = options.validate(args.threads, args.timeout, shm=not args.no_shm,
-                                zero_copy=not args.no_zero_copy)
-        opts["ucx"] = ucx.option(args.ucx)
+                                zero_copy=not args.no_zero_copy, ucx=ucx.option(args.ucx))
     except (ValueError, errors.RpcnbError) as exc:
         print(f"rpcnb.worker: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -11,6 +11,7 @@ queues the cell may wait in (``console.look_at_queues``) and its limits (``_limi
 
 from __future__ import annotations
 
+import functools
 import queue
 import sys
 import threading
@@ -189,7 +190,9 @@ class Waiter:
         self.deadline = waiting.Deadline.after(timeout)
         self.cancel = cancel
         self.printer = Printer(prefix, on_comm=comms.relay)
-        self.printer.on_progress = self._transfer
+        # not a method of the waiter: a cycle through it would keep the cell's results
+        # (a fetched tensor) alive until the garbage collector runs
+        self.printer.on_progress = functools.partial(_transfer, sent.transfers)
         self.interrupted_at: float | None = None  # when the waiter interrupted the workers
         self.reason: BaseException | None = None  # what made it: an interrupt, the time...
         self.large = False  # a large batch went through: give memory back at the end
@@ -293,14 +296,6 @@ class Waiter:
     TAKES: ClassVar[dict[type, Callable[[Waiter, Any], None]]] = {
         Output: _output, Aside: _aside, Ask: _ask, Done: _wake, Gone: _wake}
 
-    def _transfer(self, payload: dict[str, Any]) -> None:
-        """A ``--fetch``'s stage, as the worker tells it: its bar starts or ends."""
-        worker = str(payload.get("worker", ""))
-        if payload.get("stage") == "received":
-            self.sent.transfers.end(worker)
-        elif payload.get("stage") == "sending":
-            self.sent.transfers.start(worker, f"--fetch from {worker}:", int(payload["bytes"]))
-
     # -- the calls
     def _look(self) -> bool:
         """Finish the calls that have ended; whether any is still pending."""
@@ -365,6 +360,15 @@ class Waiter:
             if stopped:
                 raise TimeoutError(errors.CALL_TIMEOUT.format(name=", ".join(stopped),
                                                               timeout=self.timeout))
+
+
+def _transfer(transfers: progress.Transfers, payload: dict[str, Any]) -> None:
+    """A ``--fetch``'s stage, as the worker tells it: its bar starts or ends."""
+    worker = str(payload.get("worker", ""))
+    if payload.get("stage") == "received":
+        transfers.end(worker)
+    elif payload.get("stage") == "sending":
+        transfers.start(worker, f"--fetch from {worker}:", int(payload["bytes"]))
 
 
 def wait(s: Session, sent: Sent, timeout: float | None, prefix: bool,

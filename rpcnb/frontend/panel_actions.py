@@ -185,7 +185,7 @@ def end(panel: Panel, data: dict[str, Any]) -> dict[str, Any]:
 
     group = str(data.get("group", ""))
     s = state.active()
-    if s is not None and s.options.get("kept") == group:
+    if s is not None and s.kept_group == group:
         api.shutdown()
     else:
         api.end_group(group)

@@ -258,11 +258,9 @@ def _make_group(client: Any, cluster: Any, *, owned: bool, timeout: float,
         join_at = {eid: (s.init_method if eid in elsewhere or s.init_method.startswith("tcp://")
                          else str(conn)) for eid in ids}
         names = {eid: f"worker{eid + 1}" for eid in ids}
-        options = {"threads": int(s.options.get("threads", 16)),
-                   "timeout": float(s.options.get("timeout", 60.0)),
-                   "shm": bool(s.options.get("shm", True)),
-                   "ucx": bool(s.options.get("ucx", False)),
-                   "zero_copy": bool(s.options.get("zero_copy", True))}
+        o = s.options  # what api.join takes of the group's options, for every engine
+        options = {"threads": o.threads, "timeout": o.timeout, "shm": o.shm, "ucx": o.ucx,
+                   "zero_copy": o.zero_copy}
         # --interface names this host's interface; an engine elsewhere finds its own,
         # the one that reaches the group's address
         interface = {eid: None if eid in elsewhere else init_kwargs.get("interface")
@@ -368,12 +366,11 @@ def _where() -> dict[str, Any]:
 def _join_engine(address: str, name: str, secret: str, options: dict[str, Any],
                  interface: str | None) -> dict[str, Any]:
     """Runs on the engine: join the group as ``name`` (remote cells then run in the
-    engine's own namespace); what it says about itself."""
+    engine's own namespace; ``options``: ``api.join``'s threads, timeout, shm, ucx and
+    zero_copy); what it says about itself."""
     from rpcnb import api as engine_session
 
-    group = engine_session.join(address, name, token=secret, threads=options["threads"],
-                                timeout=options["timeout"], shm=options["shm"],
-                                ucx=options.get("ucx", False), interface=interface,
-                                kind="engine", zero_copy=options.get("zero_copy", True))
+    group = engine_session.join(address, name, token=secret, interface=interface,
+                                kind="engine", **options)
     me = next(m for m in group.members if m.name == name)
     return {"name": name, "pid": me.pid, "host": me.host, "address": me.address}

@@ -83,7 +83,7 @@ class _Rendezvous:
     listen: tuple[str, int] | None = None
 
 
-def found_group(name: str, workers: list[str], opts: dict[str, Any],
+def found_group(name: str, workers: list[str], opts: options.GroupOptions,
                 devices: options.DevicePlan, meeting: Meeting, *,
                 collectives: str | None = None,
                 collective_timeout: float | None = None) -> Session:
@@ -102,8 +102,11 @@ def found_group(name: str, workers: list[str], opts: dict[str, Any],
     # at any step unwinds it, and so does every later way out of the group (Session.teardown)
     teardown = Teardown()
     try:
-        place = _meet(meeting, opts["timeout"], teardown)
-        runner = _leader_runner(name, opts, teardown)
+        place = _meet(meeting, opts.timeout, teardown)
+        keeper = kept.this_is_the_keeper()
+        if keeper:  # the workers (opts go to them) leave it out of all-gathers and --all
+            opts = opts.replace(keeper=True)
+        runner = _leader_runner(name, keeper, teardown)
         # TensorPipe listens on TP_SOCKET_IFNAME; the workers inherit it (for this group)
         s = start.start_member(name, roster.fixed_rank() or 0, place.init_method, opts,
                                leader=name, runner=runner, group_dir=place.group_dir,
@@ -140,11 +143,8 @@ def _meet(meeting: Meeting, timeout: float, teardown: Teardown) -> _Rendezvous:
     return _Rendezvous(group_dir, init_method, client, (meeting.host, port))
 
 
-def _leader_runner(name: str, opts: dict[str, Any], teardown: Teardown) -> Any:
+def _leader_runner(name: str, keeper: bool, teardown: Teardown) -> Any:
     """The runner of the leader's remote cells (a kept group's keeper runs none)."""
-    keeper = kept.this_is_the_keeper()
-    if keeper:  # the workers (opts go to them) leave it out of all-gathers and --all
-        opts["keeper"] = True
     runner = start.kernel_runner(name, roster.KEEPER_KIND if keeper else "kernel")
     teardown.push("cell runner", runner.stop)
     return runner

@@ -368,7 +368,7 @@ def mine(rec: Record) -> bool:
     from rpcnb.session import state
 
     s = state.active()
-    return s is not None and s.options.get("kept") == rec.name
+    return s is not None and s.kept_group == rec.name
 
 
 def describe(rec: Record) -> dict[str, Any]:

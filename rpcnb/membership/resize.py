@@ -36,7 +36,7 @@ def _leader() -> Session:
 def _keeper_does(s: Session, what: str, *args: Any, timeout: float) -> Any:
     """The kernel attached to a kept group asks the keeper, which started the workers, to
     change the group (``keeper_resize`` there); None on any other member."""
-    if s.is_leader or not s.options.get("kept"):
+    if s.is_leader or not s.kept_group:
         return None
     return protocol.call(s.token, s.leader, "resize", what, *args, timeout=timeout + 30)
 

@@ -39,7 +39,7 @@ from rpcnb.wire import _rref_context, _torch, options
 START_TIMEOUT = 120.0
 
 
-def start_member(name: str, rank: int, init_method: str, opts: dict[str, Any], *,
+def start_member(name: str, rank: int, init_method: str, opts: options.GroupOptions, *,
                  leader: str, runner: Any, secret: str, group_dir: Path | None = None,
                  store: Any = None, env: dict[str, str] | None = None,
                  teardown: Teardown | None = None) -> Session:
@@ -109,9 +109,9 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     # RemoteModule's forward refers to a module torch generates when torch.distributed.nn
     # is imported: a forward request can arrive before the request that would import it
     import torch.distributed.nn  # noqa: F401
-    if opts.get("shm", True) and opts.get("one_host", True):
+    if opts.shm and opts.one_host:
         shm.activate(s.group_id, on_full=_shm_full(s))
-    if opts.get("ucx"):
+    if opts.ucx:
         ucx.activate(s)
 
 
@@ -203,7 +203,7 @@ def kernel_runner(name: str, kind: str = "kernel") -> CellRunner:
     return runner
 
 
-def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
+def join_member(address: str, name: str, opts: options.GroupOptions, runner: Any, *,
                 token: str | None = None, device_map: Any = None,
                 interface: str | None = None, teardown: Teardown | None = None) -> Session:
     """Make this process member ``name`` of the group at ``address`` (a connection file,
@@ -227,7 +227,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     if conn.is_tcp:
         host, _, port = conn.address[len("tcp://"):].rpartition(":")
         if not machine.is_loopback(host.strip("[]")):
-            opts["one_host"] = False
+            opts = opts.replace(one_host=False)
             env.setdefault("TP_SOCKET_IFNAME", machine.interface_towards(host.strip("[]"), int(port)))
     _torch.check_interface(env.get("TP_SOCKET_IFNAME", settings.other("TP_SOCKET_IFNAME")))
     store = rendezvous.open_store(conn.address)
@@ -235,7 +235,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     roster.refuse_join_while_unreachable(store)
     mapped = options.join_device_map(name, device_map, mine, roster.published(store))
     if mapped:
-        opts["device_map"] = mapped
+        opts = opts.replace(device_map=mapped)
     roster.claim_name(store, name)
     fixed = roster.fixed_rank()
     if fixed is None:
@@ -245,7 +245,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     else:
         rank = fixed
     roster.publish(store, name, mine, mapped)
-    if not opts.get("one_host", True):  # the fenced members let this host in first
+    if not opts.one_host:  # the fenced members let this host in first
         if not fence.announce(store, conn.secret, fence.my_addresses(host.strip("[]"))):
             print(f"rpcnb: {errors.FENCE_SLOW}", file=sys.stderr)
     s = start_member(name, rank, conn.address, opts, leader=leader, runner=runner,
@@ -258,7 +258,7 @@ def join_member(address: str, name: str, opts: dict[str, Any], runner: Any, *,
     return s
 
 
-def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
+def launch_workers(s: Session, names: list[str], opts: options.GroupOptions,
                    devices: options.DevicePlan) -> None:
     """On the leader: claim a name and a rank for each worker, and start its process with
     its GPUs (``CUDA_VISIBLE_DEVICES``) and its device map from ``devices``."""
@@ -270,9 +270,7 @@ def launch_workers(s: Session, names: list[str], opts: dict[str, Any],
         roster.claim_name(store, wname)
         rank = roster.next_rank(store)
         assert s.group_dir is not None
-        wopts = {k: v for k, v in opts.items() if k != "device_map"}
-        if wname in devices.maps:
-            wopts["device_map"] = devices.maps[wname]
+        wopts = opts.replace(device_map=devices.maps.get(wname))
         wenv = dict(env)
         if devices.visible.get(wname) is not None:
             wenv["CUDA_VISIBLE_DEVICES"] = str(devices.visible[wname])
@@ -295,13 +293,13 @@ def stop_worker(s: Session, w: launch.LocalWorker, grace: float = 1.0) -> None:
     shm.remove_segments_of(w.pid, s.group_id)
 
 
-def start_worker(s: Session, name: str, rank: int, wopts: dict[str, Any],
+def start_worker(s: Session, name: str, rank: int, wopts: options.GroupOptions,
                  wenv: dict[str, str]) -> launch.LocalWorker:
     """On the leader: worker ``name``'s process (forked by the warm launcher), or
     RpcnbError with what the launcher said when it could not start one."""
     assert s.group_dir is not None
     try:
-        return launch.start_worker(name, rank, s.init_method, s.name, s.group_dir, wopts,
+        return launch.start_worker(name, rank, s.init_method, s.name, s.group_dir, wopts.to_json(),
                                    s.secret, env=wenv)
     except launch.LauncherFailed as exc:
         raise RpcnbError(errors.LAUNCHER_FAILED.format(name=name, why=exc)) from None

@@ -54,8 +54,8 @@ def local_facts() -> dict[str, Any]:
     s = state.active()
     if s is not None:
         facts["name"] = s.name
-        facts["transports"] = s.options.get("transports")
-        facts["channels"] = s.options.get("channels")
+        facts["transports"] = list(s.options.transports)
+        facts["channels"] = list(s.options.channels) if s.options.channels else None
     return facts
 
 

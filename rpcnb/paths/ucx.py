@@ -210,7 +210,7 @@ def _threshold_to(peer: str) -> int:
 def _sweep(s: Any, now: float) -> None:
     """Drop tensors nobody pulled within twice the group's RPC timeout (their message was
     lost), and at once those sent to a member that died since (under ``_lock``)."""
-    timeout = float(s.options.get("timeout", 60.0)) * 2
+    timeout = s.options.timeout * 2
     for tag, (_, when, peer) in list(_outbox.items()):
         if now - when > timeout or (peer and s.is_dead(peer)):
             del _outbox[tag]
@@ -389,7 +389,7 @@ def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
     """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
     error naming ``peer`` when it dies, fails, or the group ends first."""
     # the group's RPC timeout, and the tensor's bytes at the floor rate on top
-    timeout = limits.grown(float(s.options.get("timeout", 60.0)), int(buf.nbytes))
+    timeout = limits.grown(s.options.timeout, int(buf.nbytes))
     deadline = time.monotonic() + timeout
     idle = 0
     while True:

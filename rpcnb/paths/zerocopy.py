@@ -63,7 +63,7 @@ def is_on() -> bool:
     if not _env_on or _local.copy or not shm.open_here():
         return False
     s = state.active()
-    return s is not None and bool(s.options.get("zero_copy", True))
+    return s is not None and s.options.zero_copy
 
 
 @contextlib.contextmanager

@@ -378,10 +378,11 @@ class LocalWorker:
 
 
 def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir: Path,
-                 options: dict[str, Any], secret: str,
+                 options: str, secret: str,
                  env: dict[str, str] | None = None) -> LocalWorker:
     """Start worker ``name``: ``rpcnb.worker.main()`` forked by this process's launcher,
-    in a process group of its own, with ``env`` added to this process's environment."""
+    in a process group of its own, with ``env`` added to this process's environment;
+    ``options``: its ``rpcnb.wire.options.GroupOptions`` as JSON (``to_json``)."""
     env = apply_quiet_env(dict(os.environ, **(env or {})))
     env["PYTHONUNBUFFERED"] = "1"
     log_path = group_dir / f"{name}.log"
@@ -391,7 +392,7 @@ def start_worker(name: str, rank: int, init_method: str, leader: str, group_dir:
         "--rank", str(rank),
         "--leader", leader,
         "--parent-pid", str(os.getpid()),
-        "--options", json.dumps(options),
+        "--options", options,
     ]
     # The secret goes through the launcher's pipe: not on a command line (ps) and not in
     # the environment (/proc/PID/environ keeps a process's first environment for good).

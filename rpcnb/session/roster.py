@@ -164,7 +164,7 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
     live = live_names(s)
     if target is None or target == ALL:
         # a kept group's leader is its keeper, which runs no cells (rpcnb.membership.kept)
-        skip = (s.name, s.leader) if s.options.get("kept") or s.options.get("keeper") \
+        skip = (s.name, s.leader) if s.kept_group or s.options.keeper \
             else (s.name,)
         names = [n for n in live if n not in skip]
         if not names:
@@ -229,7 +229,7 @@ def _callers(s: Session, live: Iterable[str]) -> set[str]:
     """``live`` and this member, without a kept group's keeper, its leader (it runs no
     code of the user's, so it never calls torch's all-gather: waiting for it would hang).
     The keeper's workers have ``keeper`` in their options; the attached kernel ``kept``."""
-    keeper = s.leader if s.options.get("keeper") or s.options.get("kept") else None
+    keeper = s.leader if s.options.keeper or s.kept_group else None
     return {n for n in live if n != keeper} | {s.name}
 
 

@@ -21,6 +21,7 @@ from rpcnb.procs import launch
 from rpcnb.session import rendezvous
 from rpcnb.session.members import Collectives, Member, Status, WorkerSpec
 from rpcnb.session.teardown import Teardown
+from rpcnb.wire.options import GroupOptions
 
 ALL = "--all"
 
@@ -29,7 +30,7 @@ class Session:
     """This process's part in one group (see the module's docstring)."""
 
     def __init__(self, name: str, rank: int, leader: str, init_method: str,
-                 options: dict[str, Any], secret: str, *, runner: Any = None,
+                 options: GroupOptions, secret: str, *, runner: Any = None,
                  group_dir: Path | None = None, teardown: Teardown | None = None) -> None:
         self.name = name
         self.rank = rank
@@ -78,6 +79,8 @@ class Session:
         # on while still inside a collective (the next cell waits for them, then forms the
         # process group again)
         self.collectives: Collectives | None = None
+        # the kept group this process is attached to (a kernel), or keeps (its keeper)
+        self.kept_group: str | None = None
         self.collectives_pending: list[Any] = []
 
     @property
@@ -93,7 +96,7 @@ class Session:
     @property
     def one_host(self) -> bool:
         """Every member runs on this host (no --allow-remote): shared memory is possible."""
-        return bool(self.options.get("one_host", True))
+        return self.options.one_host
 
     def add_member(self, member: Member, replace: bool = True) -> None:
         """``member`` is admitted (``replace=False``: unless it is known already)."""

@@ -5,7 +5,9 @@ the ``TensorPipeRpcBackendOptions`` built from them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -74,26 +76,60 @@ def check_names(names: list[str], kind: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class GroupOptions:
+    """A member's settings of its group, checked before anything starts (``validate``).
+    Every member holds its own (``Session.options``); a worker gets its copy as JSON on its
+    command line (``to_json``, ``from_json``), with its own device map."""
+
+    threads: int = DEFAULT_THREADS  # TensorPipe's RPC threads
+    timeout: float = DEFAULT_RPC_TIMEOUT  # torch's RPC timeout, seconds (cells have none)
+    # large CPU tensors between members on one host go through rpcnb's shared memory
+    # (rpcnb.paths.shm, copy semantics)
+    shm: bool = True
+    # a CPU tensor already in shared memory goes by handle (rpcnb.paths.zerocopy, sharing
+    # semantics; only with shm)
+    zero_copy: bool = True
+    ucx: bool = False  # large tensors over UCX (rpcnb.paths.ucx)
+    channels: tuple[str, ...] | None = None  # TensorPipe's channels, by priority (None: all)
+    transports: tuple[str, ...] = tuple(DEFAULT_TRANSPORTS)  # TensorPipe's transports
+    # every member runs on this host (no --allow-remote): shared memory is possible
+    one_host: bool = True
+    device_map: dict[str, Any] | None = None  # this member's device map (dict form)
+    # the group's first member is a kept group's keeper: left out of all-gathers and --all
+    keeper: bool = False
+
+    def replace(self, **changes: Any) -> GroupOptions:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupOptions:
+        data = json.loads(text)
+        for name in ("channels", "transports"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        return cls(**data)
+
+
 def validate(threads: int = DEFAULT_THREADS, timeout: float = DEFAULT_RPC_TIMEOUT,
              channels: Iterable[str] | None = None,
              transports: Iterable[str] | None = None, *, shm: bool = True,
-             zero_copy: bool = True) -> dict[str, Any]:
-    """Check a group's settings before any process starts; return them as plain data.
-
-    ``shm``: large CPU tensors between members on one host go through rpcnb's shared
-    memory (``rpcnb.paths.shm``, copy semantics); ``zero_copy``: a CPU tensor already in shared
-    memory goes by handle (``rpcnb.paths.zerocopy``, sharing semantics; only with ``shm``)."""
+             zero_copy: bool = True, ucx: bool = False) -> GroupOptions:
+    """Check a group's settings before any process starts (ValueError saying which and
+    what it takes); see ``GroupOptions``."""
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer, not {threads!r}.")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}.")
-    opts: dict[str, Any] = {"threads": threads, "timeout": float(timeout), "shm": bool(shm),
-                            "zero_copy": bool(shm) and bool(zero_copy)}
-    if channels:
-        opts["channels"] = check_names(list(channels), "channel")
-    opts["transports"] = (check_names(list(transports), "transport") if transports
-                          else list(DEFAULT_TRANSPORTS))
-    return opts
+    return GroupOptions(
+        threads=threads, timeout=float(timeout), shm=bool(shm),
+        zero_copy=bool(shm) and bool(zero_copy), ucx=bool(ucx),
+        channels=tuple(check_names(list(channels), "channel")) if channels else None,
+        transports=tuple(check_names(list(transports), "transport")) if transports
+        else tuple(DEFAULT_TRANSPORTS))
 
 
 def check_device_map(spec: Any, me: str, names: dict[int, str] | None = None,
@@ -164,26 +200,23 @@ def plan_devices(me: str, workers: list[str], gpus: str | None = None,
     return DevicePlan(devices, visible, maps)
 
 
-def backend_options(options: dict[str, Any], init_method: str) -> Any:
+def backend_options(options: GroupOptions, init_method: str) -> Any:
     """torch's ``TensorPipeRpcBackendOptions`` for the settings ``validate`` returned."""
     import torch.distributed.rpc as rpc
 
-    kwargs: dict[str, Any] = {
-        "init_method": init_method,
-        "num_worker_threads": int(options.get("threads", DEFAULT_THREADS)),
-        "rpc_timeout": float(options.get("timeout", DEFAULT_RPC_TIMEOUT)),
-    }
-    if options.get("channels"):
-        kwargs["_channels"] = list(options["channels"])
+    kwargs: dict[str, Any] = {"init_method": init_method, "num_worker_threads": options.threads,
+                              "rpc_timeout": options.timeout}
+    if options.channels:
+        kwargs["_channels"] = list(options.channels)
     # TensorPipe's shm transport busy-polls: each idle member burns about a third of a
     # core (measured, docs/benchmarks.md). uv (TCP on loopback) idles at zero, and large
     # tensors take cma or rpcnb's shared memory anyway. --transports shm,uv brings it back.
-    kwargs["_transports"] = list(options.get("transports") or DEFAULT_TRANSPORTS)
+    kwargs["_transports"] = list(options.transports or DEFAULT_TRANSPORTS)
     opts = rpc.TensorPipeRpcBackendOptions(**kwargs)
-    if options.get("device_map"):
+    if options.device_map:
         from rpcnb.wire.devicemap import DeviceMap
 
-        DeviceMap.parse(options["device_map"]).apply(opts)
+        DeviceMap.parse(options.device_map).apply(opts)
     return opts
 
 

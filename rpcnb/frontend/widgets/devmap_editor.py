@@ -105,7 +105,7 @@ class DeviceMapEditor(anywidget.AnyWidget):
             name = group.me
             self.source = "live group" + (" with a declared topology" if declared else "")
             if initial is None:
-                initial = state.current().options.get("device_map")
+                initial = state.current().options.device_map
         else:
             if not declared:
                 raise ValueError(NO_MEMBERS)
