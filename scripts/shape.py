@@ -44,7 +44,11 @@ class Finding:
 @dataclass
 class Shape:
     globals: list[Finding] = field(default_factory=list)
+    # module-level containers, locks and counters that functions change, and names that
+    # functions rebind (``global``)
     module_state: list[Finding] = field(default_factory=list)
+    # objects of rpcnb's own classes a module makes at import: the process's named state
+    process_objects: list[Finding] = field(default_factory=list)
     long_functions: list[Finding] = field(default_factory=list)  # over LIMIT code lines
     polling_loops: list[Finding] = field(default_factory=list)
     environment: list[Finding] = field(default_factory=list)  # read outside settings.py
@@ -245,15 +249,16 @@ def measure(root: Path = PACKAGE) -> Shape:
     classes = _classes(root)
     for path in sorted(root.rglob("*.py")):
         measure_file(path, shape)
-        # an object of rpcnb's own made at import and kept by the module: one piece of
-        # state too (named and typed, which is better than loose dicts, but still one)
+        # an object of rpcnb's own made at import and kept by the module: the process's
+        # state with a name and typed fields (what loose module state becomes), listed
         tree = ast.parse(path.read_text())
         for node in tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) \
                     and _name_of(node.value.func) in classes:
                 target = node.targets[0] if isinstance(node, ast.Assign) else node.target
                 made = f"{ast.unparse(target)} = {_name_of(node.value.func)}(...)"
-                shape.module_state.append(Finding(f"{path.relative_to(ROOT)}:{node.lineno}", made))
+                shape.process_objects.append(Finding(f"{path.relative_to(ROOT)}:{node.lineno}",
+                                                     made))
     return shape
 
 
