@@ -8,7 +8,9 @@ as little as it can: each microsecond here shows several times over in a round t
 
 from __future__ import annotations
 
+import functools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import telemetry
@@ -16,29 +18,36 @@ from rpcnb.errors import WorkerUnreachableError
 from rpcnb.paths import shm, zerocopy
 from rpcnb.session import state
 
-_TENSOR: Any = None  # torch.Tensor, once installed
-_builtin: Any = None  # rpcnb.wire._torch.is_builtin, once installed
-_call_instead: Any = None  # rpcnb.wire._torch.call_instead, once installed
 
-_rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
-# rpcnb.session.protocol's send_async and call_async, at the first request (protocol
-# imports torch, which this module must not do: serialize.install imports it from torch's
-# import hook)
-_send_async: Any = None
-_call_async: Any = None
+@dataclass(frozen=True)
+class Found:
+    """What this module calls of torch (``found``)."""
 
-
-def prepare(tensor: type, rref_future: Any, is_builtin: Any, call_instead: Any) -> None:
-    """What this module needs of torch, given once torch is imported (by serialize.install)."""
-    global _TENSOR, _rref_future, _builtin, _call_instead
-    _TENSOR, _rref_future, _builtin, _call_instead = tensor, rref_future, is_builtin, call_instead
+    tensor: Any  # torch.Tensor
+    rref_future: Any  # rpcnb.wire._torch.rref_future
+    is_builtin: Any  # rpcnb.wire._torch.is_builtin
+    call_instead: Any  # rpcnb.wire._torch.call_instead
 
 
-def _senders() -> None:
-    global _send_async, _call_async
+@functools.cache
+def found() -> Found:
+    """``Found``, looked up at the first call: rpcnb.wire._torch imports torch, which this
+    module must not do when it is imported (serialize.install imports it from torch's
+    import hook)."""
+    import torch
+
+    from rpcnb.wire import _torch
+
+    return Found(torch.Tensor, _torch.rref_future, _torch.is_builtin, _torch.call_instead)
+
+
+@functools.cache
+def protocol() -> Any:
+    """rpcnb.session.protocol (``send_async``, ``call_async``), imported at the first
+    request (it imports torch)."""
     from rpcnb.session import protocol
 
-    _send_async, _call_async = protocol.send_async, protocol.call_async
+    return protocol
 
 
 def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
@@ -55,10 +64,10 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
         # pings that find it back) still go
         raise WorkerUnreachableError(s.unreachable_message(peer), peer)
-    if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
+    if (args or kwargs) and found().is_builtin(func) and _takes_our_paths(args, kwargs):
         # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of the
         # same operator, they take shared memory (or go by handle) as any call's
-        result, shared = _sent_to(peer, _call_instead, send, run_builtin,
+        result, shared = _sent_to(peer, found().call_instead, send, run_builtin,
                                   (func, tuple(args or ()), dict(kwargs or {})), None)
     else:
         result, shared = _sent_to(peer, send)
@@ -82,7 +91,7 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         telemetry.count(peer)
         return result
     try:
-        fut = _rref_future(result) if is_rref else result
+        fut = found().rref_future(result) if is_rref else result
     except Exception:
         return result
     if shared:
@@ -104,13 +113,12 @@ def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float)
     way (``rpcnb.cells.call``): on a no-op cell, that Python was 27 of the caller's 73 us
     before the send (docs/benchmarks.md). While calls are timed (``telemetry.timing()``),
     it goes ``call_async``'s way, which times it."""
-    if _send_async is None:
-        _senders()
+    requests = protocol()
     if telemetry.timing():
-        return _call_async(token, to, op, *args, timeout=timeout)
-    fut, shared = _sent_to(to, _send_async, token, to, op, args, timeout)
+        return requests.call_async(token, to, op, *args, timeout=timeout)
+    fut, shared = _sent_to(to, requests.send_async, token, to, op, args, timeout)
     if fut is None:  # no agent (for torch's error), or a torch profiler records RPCs
-        return _call_async(token, to, op, *args, timeout=timeout)
+        return requests.call_async(token, to, op, *args, timeout=timeout)
     telemetry.count(to)
     if shared:
         _release_when_done(fut, shared)
@@ -230,10 +238,11 @@ def _takes_our_paths(args: Any, kwargs: Any) -> bool:
     memory or go by handle, were the call a Python one."""
     if not shm.open_here():  # neither path is open (zerocopy's needs shm's too)
         return False
+    tensor = found().tensor
     for group in (args or (), (kwargs or {}).values()):
         for item in group:
             for t in (item if isinstance(item, (list, tuple)) else (item,)):
-                if type(t) is _TENSOR and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
+                if type(t) is tensor and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
                     return True
     return False
 

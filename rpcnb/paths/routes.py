@@ -14,23 +14,34 @@ torch's own pickler names it, for a peer that runs torch alone.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import telemetry
 from rpcnb.paths import arrays, shm, ucx, zerocopy
 from rpcnb.session import state
 
-_TABLES: Any = None  # torch's thread-local RPC tensor tables (prepare)
-_STRIDED: Any = None  # torch.strided
-_TORCH_RECEIVER: Any = None  # torch's own name for a tensor in the table
+
+@dataclass(frozen=True)
+class Torch:
+    """What routes needs of torch, found once it is imported (``found``)."""
+
+    tables: Any  # torch's thread-local RPC tensor tables (send_tables, recv_tables)
+    strided: Any  # torch.strided
+    receiver: Any  # torch's own name for a tensor in the table
 
 
-def prepare(tables: Any, strided: Any, torch_receiver: Any) -> None:
-    """What this module needs of torch, given once torch is imported (by serialize.install)."""
-    global _TABLES, _STRIDED, _TORCH_RECEIVER
-    _TABLES, _STRIDED, _TORCH_RECEIVER = tables, strided, torch_receiver
+@functools.cache
+def found() -> Torch:
+    """``Torch``, looked up at the first tensor (this module imports no torch)."""
+    import torch
+
+    from rpcnb.wire import _torch
+
+    return Torch(_torch.tensor_tables(), torch.strided, _torch.tensor_receiver())
 
 
 def reduce_tensor(tensor: Any) -> Any:
@@ -39,14 +50,15 @@ def reduce_tensor(tensor: Any) -> Any:
     faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.paths.ucx``:
     CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own (the
     message's tensor table, read back by ``tensor_at``)."""
+    of_torch = found()
     if tensor.is_cpu:
         shared = zerocopy.export(tensor)
         if shared is not None:
             return shared
-    elif tensor.layout is _STRIDED and tensor.data_ptr() == 0:  # a sparse one has no data_ptr
+    elif tensor.layout is of_torch.strided and tensor.data_ptr() == 0:  # a sparse one has no data_ptr
         return _empty_device_tensor(tensor)
     # both paths take dense tensors from their thresholds on (a sparse one has no nbytes)
-    if tensor.layout is _STRIDED and (
+    if tensor.layout is of_torch.strided and (
             (nbytes := tensor.nbytes) >= shm.THRESHOLD or nbytes >= ucx.THRESHOLD):
         if shm.wants(tensor):
             start, t0 = telemetry.now(), time.perf_counter()
@@ -63,9 +75,9 @@ def reduce_tensor(tensor: Any) -> Any:
     # torch's own reducer's work: into the table TensorPipe sends with the message, device
     # maps and all; read back by tensor_at in a group (every member has it), else by
     # torch's own receiver (outside a group, the peer may be running torch alone)
-    tensors = _TABLES.send_tables
+    tensors = of_torch.tables.send_tables
     tensors.append(tensor)
-    return (_TORCH_RECEIVER if state.active() is None else tensor_at), (len(tensors) - 1,)
+    return (of_torch.receiver if state.active() is None else tensor_at), (len(tensors) - 1,)
 
 
 def tensor_at(index: int) -> Any:
@@ -73,7 +85,7 @@ def tensor_at(index: int) -> Any:
     ``_InternalRPCPickler._tensor_receiver``, by a shorter reference (a global, where
     torch's is ``getattr`` of a class: less to pickle and to look up, on every tensor).
     Every member of a group has it: they agree on ``rendezvous.PROTOCOL``."""
-    return _TABLES.recv_tables[index]
+    return found().tables.recv_tables[index]
 
 
 def _empty_device_tensor(tensor: Any) -> tuple[Any, tuple[Any, ...]]:

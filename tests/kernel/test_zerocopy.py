@@ -162,14 +162,14 @@ def test_a_cells_push_goes_by_handle_is_released_and_counted(api_group, monkeypa
     (rpcnb.paths.calls.request): its pushed shared tensor still goes by handle, the sender
     holds it until the cell has answered, and the call is counted for the monitor; with a
     torch profiler on, the cell goes torch's way (rpc_async) and works the same."""
-    from rpcnb.paths import calls
+    from rpcnb.session import protocol
 
     monkeypatch.delenv("RPCNB_CALL_TIMES", raising=False)  # timed calls go torch's way
     assert rpcnb.run("worker1", "None", fetch=True) is None  # the first request finds protocol
     torch_way = []
-    call_async = calls._call_async
-    monkeypatch.setattr(calls, "_call_async",
-                        lambda *a, **k: torch_way.append(a[2]) or call_async(*a, **k))
+    call_async = protocol.call_async  # torch's way for a request (the short one: send_async)
+    monkeypatch.setattr(protocol, "call_async", lambda *a, **k: (
+        a[2] == "run_cell" and torch_way.append(a[2])) or call_async(*a, **k))
     t = torch.ones(MB).share_memory_()
     held, sent = zerocopy.stats()["held"], zerocopy.stats()["sent"]
     calls_before, since = telemetry.summary("worker1")["calls"], telemetry.now()
