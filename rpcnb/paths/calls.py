@@ -127,20 +127,34 @@ def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float)
 
 def _sent_to(peer: str, send: Any, *args: Any) -> tuple[Any, Any]:
     """``send(*args)`` with ``peer`` as where its tensors go (the same-host paths read it):
-    what it returned, and the storages it handed over by handle (None when none)."""
+    what it returned, and the storages it handed over by handle (None when none), with
+    the zero copy that holds them (``Held``)."""
     now = telemetry.SENDING
     old_peer, old_handed = now.peer, now.handed
     now.peer, now.handed = peer, None
     try:
-        return send(*args), now.handed
+        result = send(*args)
+        return result, None if now.handed is None else Held(zerocopy.handles(), now.handed)
     finally:
         now.peer, now.handed = old_peer, old_handed
 
 
-def _release_when_done(fut: Any, shared: Any) -> None:
-    """Release storages handed over by handle once the call completes: the receiver has
-    mapped them by then."""
-    fut.add_done_callback(lambda _f: zerocopy.release(shared))
+@dataclass(frozen=True)
+class Held:
+    """Storages a call handed over by handle, by their keys in the group's zero copy
+    that holds them until the call completes (the receiver has mapped them by then)."""
+
+    handles: Any  # zerocopy.Handles of the group the call was made in
+    keys: list[int]
+
+    def release(self, _fut: Any = None) -> None:
+        if self.handles is not None:
+            self.handles.release(self.keys)
+
+
+def _release_when_done(fut: Any, shared: Held) -> None:
+    """Release storages handed over by handle once the call completes."""
+    fut.add_done_callback(shared.release)
 
 
 class InFlight:
@@ -262,7 +276,7 @@ class _Timed:
     __slots__ = ("_fut", "_peer", "_call", "_shared", "_timed", "_start", "_t0")
 
     def __init__(self, fut: Any, peer: str, func: Any, args: Any, kwargs: Any,
-                 shared: list[int] | None, timed: bool) -> None:
+                 shared: Held | None, timed: bool) -> None:
         self._fut, self._peer, self._call = fut, peer, (func, args, kwargs)
         self._shared, self._timed = shared, timed
         self._start, self._t0 = time.time(), time.perf_counter()
@@ -282,8 +296,8 @@ class _Timed:
                                  ok=ok)
             else:
                 telemetry.count(self._peer)
-            if self._shared:
-                zerocopy.release(self._shared)
+            if self._shared is not None:
+                self._shared.release()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fut, name)

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rpcnb import errors, text
 from rpcnb.errors import RpcnbError
@@ -158,6 +158,17 @@ def _memory(memory: dict[str, Any]) -> str:
     return said
 
 
+class DataPaths(Protocol):
+    """The group's data paths as its session holds them (``Session.paths``): an
+    ``rpcnb.paths.routes.Paths``, made when this member starts and given back by the
+    teardown once torch's agent has left. ``session/`` sits below ``paths/``, so this
+    names what the paths read of it."""
+
+    shm: Any  # rpcnb.paths.shm.Pool: shared memory in a group on one host, else None
+    zero_copy: Any  # rpcnb.paths.zerocopy.Handles: tensors already shared, sent by handle
+    ucx: Any  # rpcnb.paths.ucx.Link: UCX, in a group that asked for it, else None
+
+
 class Session:
     """This process's part in one group (see the module's docstring)."""
 
@@ -211,6 +222,8 @@ class Session:
         # with --collectives: the futures of cells given up on while still inside a
         # collective; the next cell waits for them and forms the process group again
         self.collectives_pending: list[Any] = []
+        # the group's data paths (rpcnb.membership.start makes them as this member starts)
+        self.paths: DataPaths | None = None
 
     @property
     def is_leader(self) -> bool:
