@@ -250,13 +250,15 @@ def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 def _takes_our_paths(args: Any, kwargs: Any) -> bool:
     """Whether a tensor among the arguments (one level deep) would take rpcnb's shared
     memory or go by handle, were the call a Python one."""
-    if not shm.open_here():  # neither path is open (zerocopy's needs shm's too)
+    pool = shm.active()
+    if pool is None or not pool.open_here():  # neither path is open (zerocopy's needs shm's)
         return False
-    tensor = found().tensor
+    handles, tensor = zerocopy.handles(), found().tensor
     for group in (args or (), (kwargs or {}).values()):
         for item in group:
             for t in (item if isinstance(item, (list, tuple)) else (item,)):
-                if type(t) is tensor and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
+                if type(t) is tensor and t.is_cpu and (
+                        pool.wants(t) or (handles is not None and handles.can_share(t))):
                     return True
     return False
 

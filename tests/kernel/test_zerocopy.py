@@ -143,7 +143,7 @@ def test_shared_tensor_goes_by_handle_and_both_sides_see_writes(api_group):
 
 def test_storages_are_held_until_their_call_completes_not_longer(api_group):
     """The sender holds a storage it handed over by handle until the receiver has it: once
-    the call completes (rpc_sync, rpc_async, remote), not for zerocopy.HOLD_S more."""
+    the call completes (rpc_sync, rpc_async, remote), not for RPCNB_ZERO_COPY_HOLD_S more."""
     t = torch.ones(MB).share_memory_()
     held = zerocopy.stats()["held"]
     assert rpc.rpc_sync("worker1", echo, args=(t,)) is not None
