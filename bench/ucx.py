@@ -236,12 +236,11 @@ def time_across(net: dict[str, str], sizes: list[int], reps: int) -> dict[str, A
                 time.sleep(0.2)
         # the UCX path at every size (rpcnb sends below RPCNB_UCX_TCP_THRESHOLD over
         # TensorPipe once it knows the peer is over TCP: these figures are why)
-        kept, ucx.tcp_threshold = ucx.tcp_threshold, 0
-        try:
-            return _time_sends("worker1", sizes, reps,
-                               {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext})
-        finally:
-            ucx.tcp_threshold = kept
+        link = ucx.link()
+        assert link is not None, "the group has no UCX path"
+        link.tcp_threshold = 0  # this group's: the next one reads RPCNB_UCX_TCP_THRESHOLD
+        return _time_sends("worker1", sizes, reps,
+                           {"tensorpipe_uv": shm.suppressed, "ucx": contextlib.nullcontext})
     finally:
         rpcnb.shutdown()
         if proc is not None:

@@ -27,7 +27,7 @@ from rpcnb.cells.runner import CellRunner
 from rpcnb.errors import RpcnbError
 from rpcnb.membership import leave, view
 from rpcnb.observe import channels
-from rpcnb.paths import serialize, shm, ucx
+from rpcnb.paths import routes, serialize, shm
 from rpcnb.procs import launch
 from rpcnb.session import fence, protocol, rendezvous, roster, state
 from rpcnb.session.members import Member, WorkerSpec
@@ -77,9 +77,11 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     name, rank, opts = s.name, s.rank, s.options
     state.begin(s)
     s.teardown.push("session", lambda: state.end(s))  # also puts the environment back
-    # given back after torch's agent has left (messages in flight may still use them)
-    s.teardown.push("shared memory", shm.deactivate)
-    s.teardown.push("UCX", ucx.deactivate)
+    # the group's data paths, given back after torch's agent has left (messages in flight
+    # may still use them)
+    s.paths = paths = routes.Paths(s)
+    s.teardown.push("shared memory", paths.close_shm)
+    s.teardown.push("UCX", paths.close_ucx)
     for key, value in (env or {}).items():
         s.set_env(key, value)
     iface = settings.other("TP_SOCKET_IFNAME")
@@ -109,10 +111,7 @@ def _start_member(s: Session, init_method: str, store: Any, env: dict[str, str] 
     # RemoteModule's forward refers to a module torch generates when torch.distributed.nn
     # is imported: a forward request can arrive before the request that would import it
     import torch.distributed.nn  # noqa: F401
-    if opts.shm and opts.one_host:
-        shm.activate(s.group_id, on_full=_shm_full(s))
-    if opts.ucx:
-        ucx.activate(s)
+    paths.activate(s, on_full=_shm_full(s))  # what the group asked for: shm, UCX
 
 
 def _fence(s: Session, before: set[str]) -> None:

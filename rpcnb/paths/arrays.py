@@ -21,51 +21,48 @@ arrive.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
+from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 # Array types whose subclasses carry more than their data: those are pickled.
 _BASES = frozenset({("numpy", "ndarray"), ("cupy", "ndarray")})
 # Where an array type's ``from_dlpack`` is not in its top-level package.
-_LIBRARIES = {"jaxlib": "jax.numpy", "jax": "jax.numpy"}
+_LIBRARIES = MappingProxyType({"jaxlib": "jax.numpy", "jax": "jax.numpy"})
 # DLPack device types (dlpack.h): kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLCUDAManaged;
 # torch calls ROCm devices "cuda" too
-_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 13: "cuda"}
+_DEVICES = MappingProxyType({1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 13: "cuda"})
 _HOST = (1, 3)
 
-_enabled = True
-_libraries: dict[type, str | None] = {}  # type -> the module that rebuilds it, or None
-_rebuilders: dict[str, Any] = {}  # module name -> its from_dlpack
+
+class _Switch:
+    """Whether arrays travel as tensors in this process (``set_enabled``)."""
+
+    on = True
+
+
+# the process's, as docs/arrays.md says (set in the process that sends, whatever group
+# it is in): a way out, and what benches compare with
+_SWITCH = _Switch()
 
 
 def set_enabled(flag: bool) -> None:
     """Turn the tensor path for arrays on or off (off: arrays are pickled into the
     message as their library pickles them; for comparisons, and as a way out)."""
-    global _enabled
-    _enabled = bool(flag)
+    _SWITCH.on = bool(flag)
 
 
 def is_enabled() -> bool:
-    return _enabled
-
-
-def library(cls: type) -> str | None:
-    """The module whose ``from_dlpack`` rebuilds arrays of type ``cls``, or None when
-    ``cls`` is not an array that travels as a tensor. Decided once per type: the pickler
-    asks for every object of every message."""
-    try:
-        return _libraries[cls]
-    except KeyError:
-        pass
-    found = _classify(cls)
-    if len(_libraries) > 10_000:  # notebooks that make classes in a loop
-        _libraries.clear()
-    _libraries[cls] = found
-    return found
+    return _SWITCH.on
 
 
 def _classify(cls: type) -> str | None:
+    """The module whose ``from_dlpack`` rebuilds arrays of type ``cls``, or None when
+    ``cls`` is not an array that travels as a tensor. Decided once per type: the pickler
+    asks for every object of every message."""
     try:
         if not (hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__")):
             return None
@@ -87,6 +84,10 @@ def _classify(cls: type) -> str | None:
     if lib is not None and not callable(getattr(lib, "from_dlpack", None)):
         return None
     return name
+
+
+# decided once per type (a notebook that makes classes in a loop makes the oldest go)
+library: Callable[[type], str | None] = functools.lru_cache(maxsize=10_000)(_classify)
 
 
 def _negative_or_zero_strides(shape: Any, strides: Any) -> bool:
@@ -118,7 +119,7 @@ def reduce_array(array: Any, lib: str, host: bool = False) -> tuple[Any, tuple[s
     """The pickle reduction of an array of library ``lib``: its tensor, rebuilt as the
     array where it arrives (None: pickle it as before). ``host``: send a device array's
     data as a CPU tensor (no device map reaches the peer from its device)."""
-    if not _enabled:
+    if not _SWITCH.on:
         return None
     tensor = as_tensor(array)
     if tensor is None:
@@ -130,10 +131,7 @@ def reduce_array(array: Any, lib: str, host: bool = False) -> tuple[Any, tuple[s
 
 def rebuild(lib: str, tensor: Any) -> Any:
     """On the receiver: the tensor as an array of ``lib``, over the same memory."""
-    from_dlpack = _rebuilders.get(lib)
-    if from_dlpack is None:
-        from_dlpack = importlib.import_module(lib).from_dlpack
-        _rebuilders[lib] = from_dlpack
+    from_dlpack = _from_dlpack(lib)
     try:
         return from_dlpack(tensor)
     except Exception:
@@ -144,6 +142,12 @@ def rebuild(lib: str, tensor: Any) -> Any:
         import numpy
 
         return importlib.import_module(lib).asarray(numpy.from_dlpack(tensor))
+
+
+@functools.cache
+def _from_dlpack(lib: str) -> Any:
+    """``lib``'s ``from_dlpack``, imported where its first array arrives."""
+    return importlib.import_module(lib).from_dlpack
 
 
 def device(array: Any) -> str:

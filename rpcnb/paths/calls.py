@@ -8,7 +8,9 @@ as little as it can: each microsecond here shows several times over in a round t
 
 from __future__ import annotations
 
+import functools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import telemetry
@@ -16,29 +18,36 @@ from rpcnb.errors import WorkerUnreachableError
 from rpcnb.paths import shm, zerocopy
 from rpcnb.session import state
 
-_TENSOR: Any = None  # torch.Tensor, once installed
-_builtin: Any = None  # rpcnb.wire._torch.is_builtin, once installed
-_call_instead: Any = None  # rpcnb.wire._torch.call_instead, once installed
 
-_rref_future: Any = None  # rpcnb.wire._torch.rref_future, once installed
-# rpcnb.session.protocol's send_async and call_async, at the first request (protocol
-# imports torch, which this module must not do: serialize.install imports it from torch's
-# import hook)
-_send_async: Any = None
-_call_async: Any = None
+@dataclass(frozen=True)
+class Found:
+    """What this module calls of torch (``found``)."""
 
-
-def prepare(tensor: type, rref_future: Any, is_builtin: Any, call_instead: Any) -> None:
-    """What this module needs of torch, given once torch is imported (by serialize.install)."""
-    global _TENSOR, _rref_future, _builtin, _call_instead
-    _TENSOR, _rref_future, _builtin, _call_instead = tensor, rref_future, is_builtin, call_instead
+    tensor: Any  # torch.Tensor
+    rref_future: Any  # rpcnb.wire._torch.rref_future
+    is_builtin: Any  # rpcnb.wire._torch.is_builtin
+    call_instead: Any  # rpcnb.wire._torch.call_instead
 
 
-def _senders() -> None:
-    global _send_async, _call_async
+@functools.cache
+def found() -> Found:
+    """``Found``, looked up at the first call: rpcnb.wire._torch imports torch, which this
+    module must not do when it is imported (serialize.install imports it from torch's
+    import hook)."""
+    import torch
+
+    from rpcnb.wire import _torch
+
+    return Found(torch.Tensor, _torch.rref_future, _torch.is_builtin, _torch.call_instead)
+
+
+@functools.cache
+def protocol() -> Any:
+    """rpcnb.session.protocol (``send_async``, ``call_async``), imported at the first
+    request (it imports torch)."""
     from rpcnb.session import protocol
 
-    _send_async, _call_async = protocol.send_async, protocol.call_async
+    return protocol
 
 
 def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: bool) -> Any:
@@ -55,10 +64,10 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         # fails now, naming it, instead of after torch's timeout; rpcnb's own requests (the
         # pings that find it back) still go
         raise WorkerUnreachableError(s.unreachable_message(peer), peer)
-    if (args or kwargs) and _builtin(func) and _takes_our_paths(args, kwargs):
+    if (args or kwargs) and found().is_builtin(func) and _takes_our_paths(args, kwargs):
         # a builtin's tensors go in C++ through TensorPipe: sent as a Python call of the
         # same operator, they take shared memory (or go by handle) as any call's
-        result, shared = _sent_to(peer, _call_instead, send, run_builtin,
+        result, shared = _sent_to(peer, found().call_instead, send, run_builtin,
                                   (func, tuple(args or ()), dict(kwargs or {})), None)
     else:
         result, shared = _sent_to(peer, send)
@@ -82,7 +91,7 @@ def record_call(to: Any, func: Any, args: Any, kwargs: Any, send: Any, sync: boo
         telemetry.count(peer)
         return result
     try:
-        fut = _rref_future(result) if is_rref else result
+        fut = found().rref_future(result) if is_rref else result
     except Exception:
         return result
     if shared:
@@ -104,13 +113,12 @@ def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float)
     way (``rpcnb.cells.call``): on a no-op cell, that Python was 27 of the caller's 73 us
     before the send (docs/benchmarks.md). While calls are timed (``telemetry.timing()``),
     it goes ``call_async``'s way, which times it."""
-    if _send_async is None:
-        _senders()
+    requests = protocol()
     if telemetry.timing():
-        return _call_async(token, to, op, *args, timeout=timeout)
-    fut, shared = _sent_to(to, _send_async, token, to, op, args, timeout)
+        return requests.call_async(token, to, op, *args, timeout=timeout)
+    fut, shared = _sent_to(to, requests.send_async, token, to, op, args, timeout)
     if fut is None:  # no agent (for torch's error), or a torch profiler records RPCs
-        return _call_async(token, to, op, *args, timeout=timeout)
+        return requests.call_async(token, to, op, *args, timeout=timeout)
     telemetry.count(to)
     if shared:
         _release_when_done(fut, shared)
@@ -119,20 +127,34 @@ def request(token: str, to: str, op: str, args: tuple[Any, ...], timeout: float)
 
 def _sent_to(peer: str, send: Any, *args: Any) -> tuple[Any, Any]:
     """``send(*args)`` with ``peer`` as where its tensors go (the same-host paths read it):
-    what it returned, and the storages it handed over by handle (None when none)."""
+    what it returned, and the storages it handed over by handle (None when none), with
+    the zero copy that holds them (``Held``)."""
     now = telemetry.SENDING
     old_peer, old_handed = now.peer, now.handed
     now.peer, now.handed = peer, None
     try:
-        return send(*args), now.handed
+        result = send(*args)
+        return result, None if now.handed is None else Held(zerocopy.handles(), now.handed)
     finally:
         now.peer, now.handed = old_peer, old_handed
 
 
-def _release_when_done(fut: Any, shared: Any) -> None:
-    """Release storages handed over by handle once the call completes: the receiver has
-    mapped them by then."""
-    fut.add_done_callback(lambda _f: zerocopy.release(shared))
+@dataclass(frozen=True)
+class Held:
+    """Storages a call handed over by handle, by their keys in the group's zero copy
+    that holds them until the call completes (the receiver has mapped them by then)."""
+
+    handles: Any  # zerocopy.Handles of the group the call was made in
+    keys: list[int]
+
+    def release(self, _fut: Any = None) -> None:
+        if self.handles is not None:
+            self.handles.release(self.keys)
+
+
+def _release_when_done(fut: Any, shared: Held) -> None:
+    """Release storages handed over by handle once the call completes."""
+    fut.add_done_callback(shared.release)
 
 
 class InFlight:
@@ -228,12 +250,15 @@ def run_builtin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 def _takes_our_paths(args: Any, kwargs: Any) -> bool:
     """Whether a tensor among the arguments (one level deep) would take rpcnb's shared
     memory or go by handle, were the call a Python one."""
-    if not shm.open_here():  # neither path is open (zerocopy's needs shm's too)
+    pool = shm.active()
+    if pool is None or not pool.open_here():  # neither path is open (zerocopy's needs shm's)
         return False
+    handles, tensor = zerocopy.handles(), found().tensor
     for group in (args or (), (kwargs or {}).values()):
         for item in group:
             for t in (item if isinstance(item, (list, tuple)) else (item,)):
-                if type(t) is _TENSOR and t.is_cpu and (shm.wants(t) or zerocopy.can_share(t)):
+                if type(t) is tensor and t.is_cpu and (
+                        pool.wants(t) or (handles is not None and handles.can_share(t))):
                     return True
     return False
 
@@ -253,7 +278,7 @@ class _Timed:
     __slots__ = ("_fut", "_peer", "_call", "_shared", "_timed", "_start", "_t0")
 
     def __init__(self, fut: Any, peer: str, func: Any, args: Any, kwargs: Any,
-                 shared: list[int] | None, timed: bool) -> None:
+                 shared: Held | None, timed: bool) -> None:
         self._fut, self._peer, self._call = fut, peer, (func, args, kwargs)
         self._shared, self._timed = shared, timed
         self._start, self._t0 = time.time(), time.perf_counter()
@@ -273,8 +298,8 @@ class _Timed:
                                  ok=ok)
             else:
                 telemetry.count(self._peer)
-            if self._shared:
-                zerocopy.release(self._shared)
+            if self._shared is not None:
+                self._shared.release()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fut, name)

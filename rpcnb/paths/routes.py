@@ -7,6 +7,9 @@ device maps and all. NumPy, CuPy and other DLPack arrays go as tensors
 tensors come first (each frame costs a round trip about a microsecond, right after a
 thread's wake-up: docs/benchmarks.md).
 
+The paths of a group are a ``Paths`` its session owns (``Session.paths``): made when a
+member starts, opened once torch's agent runs, given back by the session's teardown.
+
 ``tensor_at`` and ``rebuild_empty`` are named in messages: members of a group agree on
 them through ``rendezvous.PROTOCOL``. Outside a group a tensor in the table is named as
 torch's own pickler names it, for a peer that runs torch alone.
@@ -14,58 +17,118 @@ torch's own pickler names it, for a peer that runs torch alone.
 
 from __future__ import annotations
 
+import functools
+import math
 import pickle
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rpcnb import telemetry
 from rpcnb.paths import arrays, shm, ucx, zerocopy
 from rpcnb.session import state
 
-_TABLES: Any = None  # torch's thread-local RPC tensor tables (prepare)
-_STRIDED: Any = None  # torch.strided
-_TORCH_RECEIVER: Any = None  # torch's own name for a tensor in the table
+
+class Paths:
+    """The data paths of this process's group, which its session owns (``Session.paths``):
+    rpcnb's shared memory (``shm``: a ``shm.Pool`` on one host, else None), zero copy
+    (``zero_copy``: a ``zerocopy.Handles``) and UCX (``ucx``: a ``ucx.Link`` where the
+    group asked for it, else None).
+
+    Made as the member starts, before torch's agent (``rpcnb.membership.start``), so a
+    peer's buffer can be mapped as soon as one arrives; ``activate`` opens what the group
+    asked for once the agent runs; the session's teardown gives them back
+    (``close_shm``, ``close_ucx``) once the agent has left. ``reduce_tensor`` asks them,
+    in that order, for each tensor a message holds."""
+
+    def __init__(self, s: Any) -> None:
+        self.shm: shm.Pool | None = shm.Pool(s.group_id) if s.one_host else None
+        self.zero_copy = zerocopy.Handles(self.shm, s.rank, s.options.zero_copy)
+        self.ucx: ucx.Link | None = None
+        # the least threshold of the paths open for sending (set by activate): a smaller
+        # tensor (most) goes to the table at once
+        self.smallest: float = math.inf
+
+    def activate(self, s: Any, on_full: Any = None) -> None:
+        """Open the paths group ``s`` asked for; ``on_full`` hears the first time
+        /dev/shm has no room."""
+        if self.shm is not None and s.options.shm:
+            self.shm.every_second.append(self.zero_copy.trim)  # held replies let go in time
+            self.shm.activate(on_full)
+            self.smallest = self.shm.threshold
+        if s.options.ucx:
+            self.ucx = ucx.Link(s)
+            self.smallest = min(self.smallest, self.ucx.threshold)
+
+    def close_shm(self) -> None:
+        """Give the shared memory back, and zero copy's holds with it."""
+        if self.shm is not None:
+            self.shm.close()
+        self.zero_copy.forget()
+
+    def close_ucx(self) -> None:
+        if self.ucx is not None:
+            self.ucx.close()
 
 
-def prepare(tables: Any, strided: Any, torch_receiver: Any) -> None:
-    """What this module needs of torch, given once torch is imported (by serialize.install)."""
-    global _TABLES, _STRIDED, _TORCH_RECEIVER
-    _TABLES, _STRIDED, _TORCH_RECEIVER = tables, strided, torch_receiver
+@dataclass(frozen=True)
+class Torch:
+    """What routes needs of torch, found once it is imported (``found``)."""
+
+    tables: Any  # torch's thread-local RPC tensor tables (send_tables, recv_tables)
+    strided: Any  # torch.strided
+    receiver: Any  # torch's own name for a tensor in the table
+
+
+@functools.cache
+def found() -> Torch:
+    """``Torch``, looked up at the first tensor (this module imports no torch)."""
+    import torch
+
+    from rpcnb.wire import _torch
+
+    return Torch(_torch.tensor_tables(), torch.strided, _torch.tensor_receiver())
 
 
 def reduce_tensor(tensor: Any) -> Any:
-    """The first path that takes ``tensor``: by handle if it is already in shared memory
-    (``rpcnb.paths.zerocopy``); rpcnb's shared memory in a single-host group (``rpcnb.paths.shm``;
-    faster there than UCX, docs/ucx.md); UCX in a group that asked for it (``rpcnb.paths.ucx``:
-    CUDA tensors, other hosts, or no room in /dev/shm); else TensorPipe's own (the
-    message's tensor table, read back by ``tensor_at``)."""
+    """The first path of this process's group (``Paths``) that takes ``tensor``: by handle
+    if it is already in shared memory (``rpcnb.paths.zerocopy``); rpcnb's shared memory in
+    a single-host group (``rpcnb.paths.shm``; faster there than UCX, docs/ucx.md); UCX in a
+    group that asked for it (``rpcnb.paths.ucx``: CUDA tensors, other hosts, or no room in
+    /dev/shm); else TensorPipe's own (the message's tensor table, read back by
+    ``tensor_at``)."""
+    of_torch = found()
+    s = state.active()
+    paths: Any = None if s is None else s.paths  # a Paths
     if tensor.is_cpu:
-        shared = zerocopy.export(tensor)
-        if shared is not None:
-            return shared
-    elif tensor.layout is _STRIDED and tensor.data_ptr() == 0:  # a sparse one has no data_ptr
+        if paths is not None:
+            shared = paths.zero_copy.export(tensor)
+            if shared is not None:
+                return shared
+    elif tensor.layout is of_torch.strided and tensor.data_ptr() == 0:  # a sparse one has no data_ptr
         return _empty_device_tensor(tensor)
-    # both paths take dense tensors from their thresholds on (a sparse one has no nbytes)
-    if tensor.layout is _STRIDED and (
-            (nbytes := tensor.nbytes) >= shm.THRESHOLD or nbytes >= ucx.THRESHOLD):
-        if shm.wants(tensor):
+    # the paths take dense tensors from their thresholds on (a sparse one has no nbytes)
+    if paths is not None and tensor.layout is of_torch.strided \
+            and tensor.nbytes >= paths.smallest:
+        pool, link = paths.shm, paths.ucx
+        if pool is not None and pool.wants(tensor):
             start, t0 = telemetry.now(), time.perf_counter()
-            reduced = shm.export(tensor)
+            reduced = pool.export(tensor)
             if reduced is not None:
                 telemetry.record(telemetry.current_peer(), "tensor", start,
                                  time.perf_counter() - t0,
                                  tensor.element_size() * tensor.nelement(), channel="rpcnb_shm")
                 return reduced
-        if ucx.wants(tensor):
-            reduced = ucx.export(tensor)
+        if link is not None and link.wants(tensor):
+            reduced = link.export(tensor, s)
             if reduced is not None:
                 return reduced
     # torch's own reducer's work: into the table TensorPipe sends with the message, device
     # maps and all; read back by tensor_at in a group (every member has it), else by
     # torch's own receiver (outside a group, the peer may be running torch alone)
-    tensors = _TABLES.send_tables
+    tensors = of_torch.tables.send_tables
     tensors.append(tensor)
-    return (_TORCH_RECEIVER if state.active() is None else tensor_at), (len(tensors) - 1,)
+    return (of_torch.receiver if s is None else tensor_at), (len(tensors) - 1,)
 
 
 def tensor_at(index: int) -> Any:
@@ -73,7 +136,7 @@ def tensor_at(index: int) -> Any:
     ``_InternalRPCPickler._tensor_receiver``, by a shorter reference (a global, where
     torch's is ``getattr`` of a class: less to pickle and to look up, on every tensor).
     Every member of a group has it: they agree on ``rendezvous.PROTOCOL``."""
-    return _TABLES.recv_tables[index]
+    return found().tables.recv_tables[index]
 
 
 def _empty_device_tensor(tensor: Any) -> tuple[Any, tuple[Any, ...]]:

@@ -39,8 +39,40 @@ from rpcnb.wire import notebook, patches
 # Patch once torch's import has finished (it imports torch.distributed.rpc itself):
 # patching in the middle of it would meet half-initialised modules.
 _TARGET = "torch"
-_install_lock = threading.Lock()
-_installed = False
+
+
+class _Kept(threading.local):
+    """A thread's picklers for plain messages, (file, pickler), None while in use."""
+
+    plain: tuple[io.BytesIO, Any] | None = None
+    notebook: tuple[io.BytesIO, Any] | None = None
+
+
+class Installed:
+    """torch's RPC pickler as rpcnb runs it in this process: what ``install`` found in
+    torch, and what the pickler keeps between messages. One per process, as torch's RPC
+    pickler is (``INSTALLED``); ``uninstall`` gives torch its own back."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # install and uninstall, one at a time
+        self.done = False  # install has patched torch (is_installed)
+        self.tensor: Any = None  # torch.Tensor
+        self.udf: Any = None  # torch's PythonUDF, a Python call's message
+        self.tables: Any = None  # torch's thread-local RPC tensor tables
+        self.rrefs: tuple[type, ...] = ()  # torch's RRef types
+        self.plain_table: dict[Any, Any] = {}  # copyreg's, the RRefs' and tensors' reducers
+        self.deserialize: Any = None  # torch's own _InternalRPCPickler.deserialize
+        self.hooked: dict[Any, tuple[str, str]] = {}  # torch's functions the hooks replaced
+        self.on_call: Any = None  # on_call's wrap
+        self.entry: Any = None  # rpcnb.session.protocol.entry, found at the first request
+        self.by_name: dict[int, Any] = {}  # id -> function found importable by name (kept)
+        self.fields: dict[type, tuple[str, ...]] = {}  # rpcnb's message classes -> fields
+        self.table: tuple[Any, dict[Any, Any]] | None = None  # (built from, cloudpickle's table)
+        self.kept = _Kept()  # each thread's picklers of plain messages (_serialize_plain)
+
+
+# the process's: torch has one RPC pickler per process, which install patches once
+INSTALLED = Installed()
 
 
 def _serialize(pickler: Any, obj: Any) -> tuple[bytes, list[Any]]:
@@ -113,7 +145,7 @@ def _stale() -> int:
     """A function found importable by name before is not any more (its module reloaded, its
     name rebound): forget the functions found, and take cloudpickle's path, which sends it
     by value as it would have the first time."""
-    _BY_NAME.clear()
+    INSTALLED.by_name.clear()
     return _NOT_PLAIN
 
 
@@ -125,11 +157,12 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
     # this thread's pickler of the kind, taken while it is in use (a message pickled while
     # another is, on the same thread, gets a new one); made once: a pickler's making is a
     # fifth of a small message's pickling
-    kept = _KEPT
+    installed = INSTALLED
+    kept = installed.kept
     slot = "notebook" if notebook_code else "plain"
     f, p = getattr(kept, slot) or _new_plain_pickler(notebook_code)
     setattr(kept, slot, None)
-    tables = _TENSOR_TABLES
+    tables = installed.tables
     # left as None, not deleted, between messages: getattr of a missing thread-local
     # attribute raises inside, about a microsecond (torch's own code reads None as absent)
     old = getattr(tables, "send_tables", None)
@@ -152,21 +185,11 @@ def _serialize_plain(obj: Any, notebook_code: int = 0) -> tuple[bytes, list[Any]
     return rendezvous.sign(s.sign_key, s.name, data), tensors
 
 
-class _Kept(threading.local):
-    """A thread's picklers for plain messages, (file, pickler), None while in use."""
-
-    plain: tuple[io.BytesIO, Any] | None = None
-    notebook: tuple[io.BytesIO, Any] | None = None
-
-
-_KEPT = _Kept()
-
-
 def _new_plain_pickler(notebook_code: int) -> tuple[io.BytesIO, Any]:
     f = io.BytesIO()
     p = _NotebookCodePickler(f, protocol=PROTOCOL) if notebook_code \
         else pickle.Pickler(f, protocol=PROTOCOL)
-    p.dispatch_table = _PLAIN_TABLE
+    p.dispatch_table = INSTALLED.plain_table
     return f, p
 
 
@@ -189,18 +212,14 @@ class _NotebookCodePickler(pickle.Pickler):
         return notebook.load_shipped, (blob,)
 
 
-_TENSOR_TABLES: Any = None  # torch's thread-local RPC tensor tables, once installed
-_PLAIN_TABLE: dict[Any, Any] = {}  # copyreg's and torch.Tensor's reducer, once installed
 _LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None)})
 _PLAIN_ITEMS = 64  # a longer container is checked by cloudpickle's path instead
-_BY_NAME: dict[int, Any] = {}  # id -> function found importable by name (kept alive)
 _BY_VALUE = notebook.by_value_modules()  # cloudpickle's set, changed in place
 
 
 # not plain; plain, pickled alone; plain, with the plain table (for tensors and RRefs);
 # holding notebook functions that travel as their shipped bytes (a flag, with either)
 _NOT_PLAIN, _NO_TENSORS, _NEEDS_TABLE, _NOTEBOOK = -1, 0, 1, 2
-_RREFS: tuple[type, ...] = ()  # torch's RRef types, once installed
 _FUNCTION_TYPE = types.FunctionType
 
 
@@ -220,7 +239,8 @@ def _plainness(obj: Any, depth: int) -> int:
     cls = type(obj)
     if cls in _LEAVES:
         return _NO_TENSORS
-    if cls is _TENSOR:
+    installed = INSTALLED
+    if cls is installed.tensor:
         return _NEEDS_TABLE
     if depth > 3:
         return _NOT_PLAIN
@@ -232,10 +252,11 @@ def _plainness(obj: Any, depth: int) -> int:
         if len(obj) > _PLAIN_ITEMS or any(type(k) is not str for k in obj):
             return _NOT_PLAIN
         return _all_plain(obj.values(), depth)
-    if cls is _UDF:
+    if cls is installed.udf:
         func = obj.func
         # a function found importable before: _by_name's first test, without its frame
-        kind = _NO_TENSORS if _BY_NAME.get(id(func)) is func and not _BY_VALUE \
+        by_name = installed.by_name
+        kind = _NO_TENSORS if by_name.get(id(func)) is func and not _BY_VALUE \
             else _function(func)
         args = obj.args
         if kind == _NOT_PLAIN or (not args and not obj.kwargs):
@@ -245,12 +266,13 @@ def _plainness(obj: Any, depth: int) -> int:
             # found importable before (the tutorials' _call_method(Cls.method, rref, ...)),
             # looked at here: a frame each costs a round trip about a microsecond, and
             # more with the caches cold after the wait for the last answer
+            tensor, rrefs = installed.tensor, installed.rrefs
             for arg in args:
                 k = type(arg)
-                if k is _TENSOR or k in _RREFS:
+                if k is tensor or k in rrefs:
                     kind |= _NEEDS_TABLE
                 elif k is _FUNCTION_TYPE:
-                    if _BY_NAME.get(id(arg)) is not arg or _BY_VALUE:  # _by_name's first test
+                    if by_name.get(id(arg)) is not arg or _BY_VALUE:  # _by_name's first test
                         break  # not found yet: the walk below asks _by_name
                 elif k not in _LEAVES:
                     break
@@ -265,21 +287,18 @@ def _plainness(obj: Any, depth: int) -> int:
         # a function as an argument (the tutorials' _remote_method(Agent.select_action,
         # rref, ...)): by reference, as cloudpickle would send one importable by name
         return _function(obj)
-    if cls in _RREFS:  # an RRef is forked by torch's reducer, in the plain table
+    if cls in installed.rrefs:  # an RRef is forked by torch's reducer, in the plain table
         return _NEEDS_TABLE
-    names = _FIELDS.get(cls)
+    names = installed.fields.get(cls)
     if names is None:
         if not (cls.__module__.startswith("rpcnb.") and dataclasses.is_dataclass(cls)):
             return _NOT_PLAIN
-        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        names = installed.fields[cls] = tuple(f.name for f in dataclasses.fields(cls))
     # rpcnb's own messages (a remote cell's result): by reference to their class, as
     # cloudpickle does; one that asks its tensors to be copied takes the full path
     if getattr(obj, "copy_tensors", False):
         return _NOT_PLAIN
     return _all_plain([getattr(obj, name) for name in names], depth)
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {}  # rpcnb's message classes -> their fields' names
 
 
 def _all_plain(items: Any, depth: int) -> int:
@@ -306,8 +325,8 @@ def _by_name(func: Any) -> bool:
     """A function the receiver imports by name: defined at the top of an importable module
     (not the notebook's, not one rpcnb's hooks replaced, not one the user registered with
     ``cloudpickle.register_pickle_by_value``), found there under its name."""
-    by_value = _BY_VALUE
-    if _BY_NAME.get(id(func)) is func and not by_value:  # found before: the common case
+    by_value, found_before = _BY_VALUE, INSTALLED.by_name
+    if found_before.get(id(func)) is func and not by_value:  # the common case
         return True
     if type(func) not in (types.FunctionType, types.BuiltinFunctionType) \
             or notebook.is_notebook_function(func) or func in notebook.REPLACED:
@@ -323,37 +342,31 @@ def _by_name(func: Any) -> bool:
         found = getattr(found, part, None)
     if found is not func:
         return False
-    if len(_BY_NAME) > 10_000:
-        _BY_NAME.clear()
-    _BY_NAME[id(func)] = func
+    if len(found_before) > 10_000:
+        found_before.clear()
+    found_before[id(func)] = func
     return True
-
-
-_TENSOR: Any = None  # torch.Tensor, once installed
-_UDF: Any = None  # torch's PythonUDF
-_ENTRY: Any = None  # rpcnb.session.protocol.entry, the target of rpcnb's own requests
-
-
-_original_deserialize: Any = None  # torch's _InternalRPCPickler.deserialize
 
 
 def _deserialize(pickler: Any, data: bytes, tensor_table: Any) -> Any:
     """torch's ``deserialize``, for payloads signed with the group's key only: nothing
     from outside the group is unpickled. A call of a plain Python function runs with its
     output captured for the member that sent it (``on_call``)."""
+    installed = INSTALLED
     s = state.active()
     if s is None:
-        return _original_deserialize(data, tensor_table)
+        return installed.deserialize(data, tensor_table)
     signed = rendezvous.unsign(s.sign_key, data)
     if signed is None:
         raise PermissionError(rendezvous.UNSIGNED)
     sender, payload = signed
     obj = _load(payload, tensor_table)
-    if _on_call is not None and type(obj) is _UDF and obj.func is not (_ENTRY or _entry()):
+    wrap, udf = installed.on_call, installed.udf
+    if wrap is not None and type(obj) is udf and obj.func is not (installed.entry or _entry()):
         # rpcnb's own requests (protocol.entry) route their output themselves
-        run = _on_call(obj.func, sender)
+        run = wrap(obj.func, sender)
         if run is not obj.func:  # tuple's own __new__: the namedtuple's is one frame more
-            obj = _tuple_new(_UDF, (run, obj.args, obj.kwargs))
+            obj = _tuple_new(udf, (run, obj.args, obj.kwargs))
     return obj
 
 
@@ -361,7 +374,7 @@ def _load(payload: Any, tensor_table: Any) -> Any:
     """torch's ``deserialize`` of a checked payload (a view), without its copy into a
     BytesIO; a name not found becomes the AttributeError torch's gives (returned, as
     torch does, for the caller to raise on the other side)."""
-    tables = _TENSOR_TABLES
+    tables = INSTALLED.tables
     old = getattr(tables, "recv_tables", None)  # None between messages, as send_tables
     tables.recv_tables = tensor_table
     try:
@@ -382,25 +395,19 @@ NOT_FOUND = ("Default RPC pickler does not serialize function code. Ensure that 
 def _entry() -> Any:
     """rpcnb.session.protocol.entry, looked up once (install may run while protocol is
     being imported, as torch's import completes)."""
-    global _ENTRY
     from rpcnb.session import protocol
 
-    _ENTRY = protocol.entry
-    return _ENTRY
+    INSTALLED.entry = protocol.entry
+    return INSTALLED.entry
 
 
-_on_call: Any = None
 _tuple_new = tuple.__new__
 
 
 def on_call(wrap: Any) -> None:
     """``wrap(func, sender)`` -> the function to run instead, for every plain Python call
     another member makes here (rpcnb.cells.output captures its output with it)."""
-    global _on_call
-    _on_call = wrap
-
-
-_table: tuple[Any, dict[Any, Any]] | None = None  # (what it was built from, the table)
+    INSTALLED.on_call = wrap
 
 
 def _dispatch_table(obj: Any) -> dict[Any, Any]:
@@ -408,15 +415,14 @@ def _dispatch_table(obj: Any) -> dict[Any, Any]:
     reducers under torch's, with tensors to the RPC tensor table or rpcnb's shared memory,
     and DLPack arrays as tensors (``Table``). Built once, again only when torch's
     registered reducers change (or for a ScriptModule, which gets a reducer of its own)."""
-    global _table
     import cloudpickle
     import torch
 
     from rpcnb.wire import _torch
 
-    key = _torch.reducers_key()
-    if _table is not None and _table[0] == key and not isinstance(obj, torch.jit.ScriptModule):
-        return _table[1]
+    key, built = _torch.reducers_key(), INSTALLED.table
+    if built is not None and built[0] == key and not isinstance(obj, torch.jit.ScriptModule):
+        return built[1]
     table = Table(cloudpickle.Pickler.dispatch_table)
     table.update(_torch.pickler_table(obj))
     # torch's reducers return classmethods, which cloudpickle would ship by value
@@ -424,7 +430,7 @@ def _dispatch_table(obj: Any) -> dict[Any, Any]:
     table[types.MethodType] = _reduce_method
     table[torch.Tensor] = routes.reduce_tensor
     if not isinstance(obj, torch.jit.ScriptModule):
-        _table = (key, table)
+        INSTALLED.table = (key, table)
     return table
 
 
@@ -465,78 +471,63 @@ class Table(dict):  # type: ignore[type-arg]
         return reducer
 
 
-_EXTRACTOR: Any = None
-
-
+@functools.cache
 def _extractor_base() -> Any:
     """The base of torch's tensor extractor: notebook's Pickler with a ``Table`` (which
     then finds a CuPy array's CUDA memory as a tensor instead of copying it to the
     host to look through it)."""
-    global _EXTRACTOR
-    if _EXTRACTOR is None:
-        import cloudpickle
+    import cloudpickle
 
-        class ExtractorBase(notebook.Pickler):  # type: ignore[misc]
-            dispatch_table = Table(cloudpickle.Pickler.dispatch_table)
+    class ExtractorBase(notebook.Pickler):  # type: ignore[misc]
+        dispatch_table = Table(cloudpickle.Pickler.dispatch_table)
 
-        _EXTRACTOR = ExtractorBase
-    return _EXTRACTOR
+    return ExtractorBase
 
 
-_PICKLER: Any = None
-
-
+@functools.cache
 def _pickler_class() -> Any:
-    global _PICKLER
-    if _PICKLER is None:
+    class RpcPickler(notebook.Pickler):  # type: ignore[misc]
+        def __init__(self, file: Any, table: Any) -> None:
+            # The C pickler reads dispatch_table once, in __init__; cloudpickle's class
+            # attribute would shadow a later assignment.
+            self.dispatch_table = table
+            super().__init__(file, protocol=PROTOCOL)
 
-        class RpcPickler(notebook.Pickler):  # type: ignore[misc]
-            def __init__(self, file: Any, table: Any) -> None:
-                # The C pickler reads dispatch_table once, in __init__; cloudpickle's class
-                # attribute would shadow a later assignment.
-                self.dispatch_table = table
-                super().__init__(file, protocol=PROTOCOL)
-
-        _PICKLER = RpcPickler
-    return _PICKLER
+    return RpcPickler
 
 
 def install() -> None:
     """Make torch's RPC pickler ship ``__main__`` code by value, and record every call
     (idempotent). Imports torch; ``watch()`` defers it until the user's code does."""
-    global _installed
     loading = sys.modules.get("rpcnb.wire._torch")
     if loading is not None and not getattr(loading, "LOADED", False):
         return  # rpcnb.wire._torch is importing torch right now; start_member installs later
-    with _install_lock:
-        if _installed:
+    installed = INSTALLED
+    with installed.lock:
+        if installed.done:
             return
-        from rpcnb.wire import _torch
-
-        global _original_deserialize, _TENSOR, _UDF, _TENSOR_TABLES, _PLAIN_TABLE, _RREFS
         import torch
 
         from rpcnb.paths import calls
+        from rpcnb.wire import _torch
 
-        _TENSOR, _UDF, _TENSOR_TABLES = torch.Tensor, _torch.python_udf(), _torch.tensor_tables()
-        routes.prepare(_TENSOR_TABLES, torch.strided, _torch.tensor_receiver())
-        calls.prepare(torch.Tensor, _torch.rref_future, _torch.is_builtin, _torch.call_instead)
+        installed.tensor, installed.udf = torch.Tensor, _torch.python_udf()
+        installed.tables = _torch.tensor_tables()
         rrefs = _torch.rref_reducers()
-        _RREFS = tuple(rrefs)
-        _PLAIN_TABLE = {**copyreg.dispatch_table, **rrefs,
-                        torch.Tensor: routes.reduce_tensor}
-        _original_deserialize = _torch.rpc_pickler().deserialize
+        installed.rrefs = tuple(rrefs)
+        installed.plain_table = {**copyreg.dispatch_table, **rrefs,
+                                 torch.Tensor: routes.reduce_tensor}
+        installed.deserialize = _torch.rpc_pickler().deserialize
         _torch.patch_serialize(_serialize, _deserialize)
         # With devices set, torch finds the CUDA tensors in a Python result by pickling
         # it: with rpcnb's pickler too, or a result holding a notebook-defined class fails
         # (and a CuPy array would be copied to the host to be looked through)
         _torch.replace_tensor_extractor(_extractor_base())
-        _HOOKED.update(_torch.hook_calls(calls.record_call))
-        notebook.REPLACED.update(_HOOKED)
-        _installed = True
+        installed.hooked.update(_torch.hook_calls(calls.record_call))
+        notebook.REPLACED.update(installed.hooked)
+        installed.done = True
 
 
-_HOOKED: dict[Any, tuple[str, str]] = {}  # torch's functions the hooks replaced (install)
 IN_A_GROUP = "uninstall() while this process is in a group: leave it first (rpcnb.shutdown())."
 
 
@@ -544,21 +535,21 @@ def uninstall() -> None:
     """Undo ``install`` exactly, for tests: torch's RPC pickler, tensor extractor and call
     entry points as they were (``rpcnb.wire.patches``), ``is_installed()`` False. A
     RuntimeError, with nothing changed, in a group or where another library patched since."""
-    global _installed
-    with _install_lock:
-        if not _installed:
+    installed = INSTALLED
+    with installed.lock:
+        if not installed.done:
             return
         if state.active() is not None:
             raise RuntimeError(IN_A_GROUP)
         patches.restore()
-        for func in _HOOKED:
+        for func in installed.hooked:
             notebook.REPLACED.pop(func, None)
-        _HOOKED.clear()
-        _installed = False
+        installed.hooked.clear()
+        installed.done = False
 
 
 def is_installed() -> bool:
-    return _installed
+    return INSTALLED.done
 
 
 class _Loader(importlib.abc.Loader):

@@ -20,13 +20,15 @@ on one host that mode would leave UCX only TCP, so rpcnb detects a dead peer its
 there. There is no progress thread: the two threads that wait for a transfer drive it.
 
 Nothing imports ``ucxx`` unless the group asked for UCX. CUDA tensors are written to take
-the same path (UCX reads ``__cuda_array_interface__``) but are untested here.
+the same path (UCX reads ``__cuda_array_interface__``) but are untested here. UCX's worker,
+endpoints, outbox and receive pool are a ``Link`` the session owns (``Session.paths.ucx``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import mmap
 import os
@@ -35,7 +37,7 @@ import time
 import weakref
 from typing import Any
 
-from rpcnb import errors, settings, telemetry, text
+from rpcnb import errors, settings, telemetry, text, waiting
 from rpcnb.paths import shm
 from rpcnb.session import state
 from rpcnb.wire import limits, options
@@ -48,30 +50,9 @@ HUGE = 2 << 20  # a transparent huge page
 MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
 
 DEFAULT_TCP_THRESHOLD = 32 << 20  # where UCX over TCP overtakes TensorPipe (docs/ucx.md)
-
-THRESHOLD = settings.number("RPCNB_UCX_THRESHOLD")
-# to a peer that UCX reaches over TCP (known after the first transfer), and in a reply
-# when every peer so far is over TCP: below it, TensorPipe's own TCP is faster
-tcp_threshold = settings.number("RPCNB_UCX_TCP_THRESHOLD")
-_pool_limit = settings.number("RPCNB_UCX_POOL_BYTES")
-_idle = settings.number("RPCNB_UCX_IDLE_S")
-_lock = threading.RLock()  # one worker, driven from several threads: one at a time
-_api: Any = None  # ucxx._lib.libucxx, once loaded
-_array: Any = None  # ucxx._lib.arr.Array
-_ctx: Any = None
-_worker: Any = None
-_address = b""
-_group: str | None = None
-_eps: dict[str, Any] = {}  # peer name -> endpoint
-_transports: dict[str, str] = {}  # peer name -> the UCX transport its endpoint moves data on
-_outbox: dict[int, tuple[Any, float, str]] = {}  # tag -> (flat bytes, when, to whom or '')
-_abandoned: list[tuple[Any, Any]] = []  # (request, buffer) that UCX may still write into
-_free: list[tuple[mmap.mmap, float]] = []  # receive buffers no tensor uses, since when
-_pool_bytes = 0  # of every receive buffer the pool made, in use or free
-_tags = itertools.count(1)
-_tag_base = 0
-_stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "failed": 0,
-          "receiving": 0, "sending": 0, "reused": 0}  # transfers this process waits for now
+# transfers done, and (receiving, sending) those this process waits for now
+STATS = ("sent", "sent_bytes", "received", "received_bytes", "failed", "receiving", "sending",
+         "reused")
 
 
 def requested(flag: bool | None = None) -> bool:
@@ -85,10 +66,10 @@ def option(flag: bool | None = None) -> bool:
     return options.ucx_option(flag)
 
 
-def _load() -> None:
-    global _api, _array
-    if _api is not None:
-        return
+@functools.cache
+def _ucxx() -> tuple[Any, Any]:
+    """ucxx's ``libucxx`` and its ``Array``, loaded once per process (UCX_MISSING when
+    ucxx is not installed, UCX_BROKEN when it does not load)."""
     options.ucx_option(True)  # UCX_MISSING when ucxx is not installed
     # ucxx asks UCX to stage rendezvous fragments in CUDA memory, which a machine without a
     # GPU does not have (TCP then runs at a quarter of its speed); UCX also warns about
@@ -104,20 +85,7 @@ def _load() -> None:
     except ImportError as exc:
         raise errors.RpcnbError(errors.UCX_BROKEN.format(
             reason=exc, extra=options.ucx_extra())) from exc
-    _api, _array = api, Array
-
-
-def activate(s: Any) -> None:
-    """This process joins group ``s`` with the UCX path: load ucxx, make its worker."""
-    global _ctx, _worker, _address, _group, _tag_base
-    _load()
-    with _lock:
-        _ctx = _api.UCXContext(config_dict=_config(s), feature_flags=(_api.Feature.TAG,))
-        _worker = _api.UCXWorker(_ctx)
-        _address = bytes(_worker.address)
-        # tags are unique in the group: rank, then this process, then a counter
-        _tag_base = ((s.rank & 0xFFFF) << 48) | ((os.getpid() & 0xFFFF) << 32)
-        _group = s.group_id
+    return api, Array
 
 
 def _config(s: Any) -> dict[str, str]:
@@ -143,102 +111,344 @@ def _config(s: Any) -> dict[str, str]:
     return {**config, "NET_DEVICES": iface or "lo"}
 
 
+class Link:
+    """The UCX path of this process's group (``Session.paths.ucx``): UCX's context and
+    worker, the endpoints to peers and the transport each moves data on, the outbox of
+    tensors waiting to be pulled, the pool of receive buffers, the tags, the counts, and
+    its ``RPCNB_UCX`` settings, read as the member starts. Made (ucxx loaded, its worker
+    made) when a group that asked for UCX starts; ``close`` (the teardown, once torch's
+    agent has left) leaves nothing of UCX in the process. One worker, driven from several
+    threads: what changes, changes under ``lock``, one thread at a time."""
+
+    def __init__(self, s: Any) -> None:
+        api, _ = _ucxx()
+        self.threshold: int = settings.number("RPCNB_UCX_THRESHOLD")  # bytes, from which
+        # to a peer that UCX reaches over TCP (known after the first transfer), and in a
+        # reply when every peer so far is over TCP: below it, TensorPipe's own TCP is faster
+        self.tcp_threshold: int = settings.number("RPCNB_UCX_TCP_THRESHOLD")
+        self.pool_limit: int = settings.number("RPCNB_UCX_POOL_BYTES")  # receive buffers
+        self.idle: float = settings.number("RPCNB_UCX_IDLE_S")  # seconds, then unmapped
+        self.lock = threading.RLock()
+        self.ctx: Any = api.UCXContext(config_dict=_config(s), feature_flags=(api.Feature.TAG,))
+        self.worker: Any = api.UCXWorker(self.ctx)
+        self.address = bytes(self.worker.address)
+        # tags are unique in the group: rank, then this process, then a counter
+        self.tag_base = ((s.rank & 0xFFFF) << 48) | ((os.getpid() & 0xFFFF) << 32)
+        self.tags = itertools.count(1)
+        self.active = True  # until close
+        self.eps: dict[str, Any] = {}  # peer name -> endpoint
+        self.transports: dict[str, str] = {}  # peer name -> the UCX transport its endpoint uses
+        self.outbox: dict[int, tuple[Any, float, str]] = {}  # tag -> (flat bytes, when, to whom or '')
+        self.abandoned: list[tuple[Any, Any]] = []  # (request, buffer) UCX may still write into
+        self.free: list[tuple[mmap.mmap, float]] = []  # receive buffers no tensor uses, since when
+        self.pool_bytes = 0  # of every receive buffer the pool made, in use or free
+        self.counts = dict.fromkeys(STATS, 0)
+
+    def close(self) -> None:
+        """Close every endpoint and the worker (nothing of UCX is left in this process)."""
+        with self.lock:
+            if not self.active and self.worker is None:
+                return
+            self.active = False
+            for ep in self.eps.values():
+                with contextlib.suppress(Exception):
+                    ep.close_blocking(period=1000, max_attempts=100)
+            self.eps.clear()
+            self.transports.clear()
+            self.outbox.clear()
+            if self.worker is not None:
+                with contextlib.suppress(Exception):
+                    self.worker.cancel_inflight_requests(period=1000, max_attempts=100)
+            self.abandoned.clear()
+            self.worker = None
+            self.ctx = None
+            self._trim(float("inf"))  # buffers tensors still use are unmapped when those are freed
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return dict(self.counts, endpoints=len(self.eps), outbox=len(self.outbox),
+                        transports=dict(self.transports), pool_bytes=self.pool_bytes,
+                        pool_free=len(self.free))
+
+    def wants(self, tensor: Any) -> bool:
+        """Should this tensor take the UCX path?"""
+        if not self.active or shm.THREAD.off:
+            return False
+        return (
+            (tensor.is_cpu or tensor.is_cuda)
+            and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
+            and tensor.layout is shm.strided()
+            and not tensor.is_quantized
+            and tensor.element_size() * tensor.nelement()
+            >= self.threshold_to(telemetry.current_peer())
+        )
+
+    def threshold_to(self, peer: str) -> int:
+        """The size from which a tensor to ``peer`` ('' in a reply) takes UCX."""
+        with self.lock:
+            known = [self.transports[peer]] if peer in self.transports else (
+                list(self.transports.values()) if not peer else [])
+        if known and all(t == "tcp" for t in known):
+            return max(self.threshold, self.tcp_threshold)
+        return self.threshold
+
+    def _sweep(self, s: Any, now: float) -> None:
+        """Drop tensors nobody pulled within twice the group's RPC timeout (their message
+        was lost), and at once those sent to a member that died since (under ``lock``)."""
+        timeout = s.options.timeout * 2
+        for tag, (_, when, peer) in list(self.outbox.items()):
+            if now - when > timeout or (peer and s.is_dead(peer)):
+                del self.outbox[tag]
+
+    def export(self, tensor: Any, s: Any) -> tuple[Any, tuple[Any, ...]] | None:
+        """Keep ``tensor`` in the outbox; the reduce tuple that pulls it on the receiver."""
+        import torch
+
+        flat = tensor.detach()
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        flat = flat.reshape(-1).view(torch.uint8)
+        now = time.monotonic()
+        with self.lock:
+            self._sweep(s, now)
+            tag = self.tag_base | (next(self.tags) & 0xFFFFFFFF)
+            self.outbox[tag] = (flat, now, telemetry.current_peer())  # '' in a reply
+        return _rebuild, (s.name, tag, str(tensor.dtype), tuple(tensor.shape),
+                          str(tensor.device), flat.numel())
+
+    def receive(self, s: Any, sender: str, tag: int, device: str, nbytes: int) -> Any:
+        """On the receiver: ``nbytes`` filled over UCX from ``sender``'s outbox (a flat
+        uint8 tensor on ``device``)."""
+        import torch
+
+        from rpcnb.session import protocol
+
+        if device.startswith("cuda"):
+            # untested (no GPU here): the sender's device index when this member has it
+            index = torch.device(device).index or 0
+            device = device if index < torch.cuda.device_count() else "cuda"
+        if device == "cpu":
+            out = self._host_buffer(nbytes)
+        else:
+            out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        with self.lock:
+            req = self.worker.tag_recv(_buffer(out), _ucxx()[0].UCXXTag(tag))
+            self.counts["receiving"] += 1
+        try:
+            # answered once the bytes have gone over UCX: its limit grows with them
+            fut = protocol.call_async(s.token, sender, PULL, tag, s.name, self.address,
+                                      timeout=None, nbytes=nbytes)
+            self._wait(s, req, out, sender, fut)
+        finally:
+            with self.lock:
+                self.counts["receiving"] -= 1
+        with self.lock:
+            self.counts["received"] += 1
+            self.counts["received_bytes"] += nbytes
+        return out
+
+    def _host_buffer(self, nbytes: int) -> Any:
+        """A flat uint8 CPU tensor of ``nbytes`` to receive into, over a buffer of the pool.
+
+        A fresh tensor's pages are faulted in by UCX's first write, one 4 kB page at a
+        time, which costs more than the transfer itself (0.3 GB/s on the development VM).
+        The pool keeps buffers of transparent huge pages, faulted in once, and takes each
+        one back when the tensor over it (and every view of it) is freed; past
+        ``pool_limit`` (``RPCNB_UCX_POOL_BYTES``) a receive gets a fresh tensor. Buffers
+        idle for ``idle`` seconds (``RPCNB_UCX_IDLE_S``) are unmapped at the next receive,
+        and all at shutdown.
+        """
+        import torch
+
+        mm = None
+        with self.lock:
+            now = time.monotonic()
+            self._trim(now - self.idle)
+            fits = [b for b in self.free if nbytes <= len(b[0]) <= 2 * nbytes + HUGE]
+            if fits:
+                best = min(fits, key=lambda b: len(b[0]))
+                self.free.remove(best)
+                mm = best[0]
+                self.counts["reused"] += 1
+            else:
+                size = -(-nbytes // HUGE) * HUGE
+                if self.pool_bytes + size > self.pool_limit:
+                    self._trim(now)  # make room from the idle ones, however recent
+                if self.pool_bytes + size <= self.pool_limit:
+                    mm = _new_buffer(size)
+                    self.pool_bytes += size if mm is not None else 0
+        if mm is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        view = memoryview(mm)[:nbytes]
+        # not at exit: a tensor still alive then still uses the buffer (closing it raised
+        # BufferError), and the process's end unmaps it anyway
+        weakref.finalize(view, self._give_back, mm).atexit = False
+        out = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
+        del view  # only the tensor's storage holds it now
+        return out
+
+    def _give_back(self, mm: mmap.mmap) -> None:
+        """The last tensor over ``mm`` was freed: keep it for the next receive."""
+        with self.lock:
+            if self.active:
+                self.free.append((mm, time.monotonic()))
+                return
+            self.pool_bytes -= len(mm)
+        mm.close()
+
+    def _trim(self, before: float) -> None:
+        """Unmap the free buffers idle since before ``before`` (under ``lock``)."""
+        for entry in [b for b in self.free if b[1] < before]:
+            self.free.remove(entry)
+            self.pool_bytes -= len(entry[0])
+            entry[0].close()
+
+    def pull(self, s: Any, tag: int, receiver: str, address: bytes) -> str:
+        """On the sender (``ucx_pull``): send the tensor under ``tag`` to ``receiver``, and
+        wait until it is there; returns the UCX transport it took."""
+        with self.lock:
+            entry = self.outbox.pop(tag, None)
+            if entry is None or self.worker is None:
+                raise RuntimeError(errors.UCX_GONE.format(peer=receiver))
+            flat = entry[0]
+            ep = self.eps.get(receiver)
+            if ep is None:
+                peer = _ucxx()[0].UCXAddress.create_from_buffer(address)
+                # Between hosts UCX's error handling fails a transfer to a dead peer; on one
+                # host it would rule out shared memory and CMA (rpcnb notices the death itself)
+                ep = self.worker.create_endpoint_from_worker_address(peer, not s.one_host)
+                self.eps[receiver] = ep
+            start, t0 = telemetry.now(), time.perf_counter()
+            req = ep.tag_send(_buffer(flat), _ucxx()[0].UCXXTag(tag))
+            self.counts["sending"] += 1
+        try:
+            self._wait(s, req, flat, receiver, None)
+        finally:
+            with self.lock:
+                self.counts["sending"] -= 1
+        duration = time.perf_counter() - t0
+        with self.lock:
+            transport = self.transports.get(receiver) or _transport_of(ep)
+            self.transports[receiver] = transport
+            self.counts["sent"] += 1
+            self.counts["sent_bytes"] += flat.numel()
+        telemetry.record(receiver, "tensor", start, duration, flat.numel(),
+                         channel=f"ucx: {transport}")
+        return transport
+
+    def _wait(self, s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
+        """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
+        error naming ``peer`` when it dies, fails, or the group ends first."""
+        # the group's RPC timeout, and the tensor's bytes at the floor rate on top
+        timeout = limits.grown(s.options.timeout, int(buf.nbytes))
+        deadline = waiting.Deadline.after(timeout)
+        idle = 0
+        # not waiting.until: each look drives UCX's worker (there is no progress thread)
+        while True:
+            with self.lock:
+                if self.worker is None:
+                    reason = "this member left the group"
+                    break
+                progressed = self.worker.progress_once()
+                done = req.completed
+            if done:
+                try:
+                    req.check_error()
+                except Exception as exc:
+                    reason = f"UCX: {exc}"
+                    break
+                if fut is not None:
+                    # the sender's answer: once it is here, its telemetry has the transfer
+                    # (not waiting would save a message's latency, 1-2 ms)
+                    try:
+                        fut.wait()
+                    except Exception as exc:
+                        reason = _first_line(exc)
+                        break
+                return
+            if s.is_dead(peer):
+                reason = f"{peer} died ({s.how_gone(peer)})"
+            elif fut is not None and fut.done():
+                try:
+                    fut.wait()
+                    continue  # the sender is done; the last bytes are on their way
+                except Exception as exc:
+                    reason = _first_line(exc)
+            elif deadline.passed():
+                reason = (f"not received within {timeout:.0f} s (the group's RPC timeout, and "
+                          f"its {text.size(int(buf.nbytes))} at {limits.MIN_RATE_ENV})")
+            else:
+                idle = 0 if progressed else idle + 1
+                if idle > 64:  # nothing moving: let the other threads (and processes) run
+                    deadline.nap(0.0005)
+                continue
+            break
+        self._abandon(req, buf, peer, reason)
+
+    def _abandon(self, req: Any, buf: Any, peer: str, reason: str) -> None:
+        """A transfer to or from ``peer`` failed: its endpoint goes (RuntimeError)."""
+        with self.lock:
+            self.counts["failed"] += 1
+            self.abandoned.append((req, buf))  # UCX may still write there until the worker closes
+            ep = self.eps.pop(peer, None)
+            self.transports.pop(peer, None)
+        if ep is not None:
+            with contextlib.suppress(Exception):
+                ep.close()
+        raise RuntimeError(errors.UCX_PEER_LOST.format(peer=peer, reason=reason))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def link() -> Link | None:
+    """The UCX path of this process's group (None: in no group, or one without UCX)."""
+    s = state.active()
+    paths = None if s is None else s.paths
+    return None if paths is None else paths.ucx
+
+
 def is_active() -> bool:
-    return _group is not None
-
-
-def deactivate() -> None:
-    """Close every endpoint and the worker (nothing of UCX is left in this process)."""
-    global _ctx, _worker, _group
-    with _lock:
-        if _group is None and _worker is None:
-            return
-        _group = None
-        for ep in _eps.values():
-            with contextlib.suppress(Exception):
-                ep.close_blocking(period=1000, max_attempts=100)
-        _eps.clear()
-        _transports.clear()
-        _outbox.clear()
-        if _worker is not None:
-            with contextlib.suppress(Exception):
-                _worker.cancel_inflight_requests(period=1000, max_attempts=100)
-        _abandoned.clear()
-        _worker = None
-        _ctx = None
-        _trim(float("inf"))  # buffers tensors still use are unmapped when those are freed
+    found = link()
+    return found is not None and found.active
 
 
 def stats() -> dict[str, Any]:
-    with _lock:
-        return dict(_stats, endpoints=len(_eps), outbox=len(_outbox),
-                    transports=dict(_transports), pool_bytes=_pool_bytes,
-                    pool_free=len(_free))
+    """The group's ``Link.stats()`` (all 0 outside a group with UCX)."""
+    found = link()
+    if found is None:
+        return dict(dict.fromkeys(STATS, 0), endpoints=0, outbox=0, transports={},
+                    pool_bytes=0, pool_free=0)
+    return found.stats()
 
 
 def transports() -> dict[str, str]:
     """Peer -> the UCX transport this process's endpoint to it moves data on."""
-    with _lock:
-        return dict(_transports)
+    found = link()
+    if found is None:
+        return {}
+    with found.lock:
+        return dict(found.transports)
 
 
 def wants(tensor: Any) -> bool:
     """Should this tensor take the UCX path?"""
-    if _group is None or shm.is_suppressed():
-        return False
-    import torch
-
-    return (
-        (tensor.is_cpu or tensor.is_cuda)
-        and not tensor.requires_grad  # distributed autograd needs TensorPipe's tensor table
-        and tensor.layout == torch.strided
-        and not tensor.is_quantized
-        and tensor.element_size() * tensor.nelement() >= _threshold_to(telemetry.current_peer())
-    )
+    found = link()
+    return found is not None and found.wants(tensor)
 
 
-def _threshold_to(peer: str) -> int:
-    """The size from which a tensor to ``peer`` ('' in a reply) takes UCX."""
-    with _lock:
-        known = [_transports[peer]] if peer in _transports else (
-            list(_transports.values()) if not peer else [])
-    if known and all(t == "tcp" for t in known):
-        return max(THRESHOLD, tcp_threshold)
-    return THRESHOLD
-
-
-def _sweep(s: Any, now: float) -> None:
-    """Drop tensors nobody pulled within twice the group's RPC timeout (their message was
-    lost), and at once those sent to a member that died since (under ``_lock``)."""
-    timeout = s.options.timeout * 2
-    for tag, (_, when, peer) in list(_outbox.items()):
-        if now - when > timeout or (peer and s.is_dead(peer)):
-            del _outbox[tag]
-
-
-def export(tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
-    """Keep ``tensor`` in the outbox; the reduce tuple that pulls it on the receiver."""
-    import torch
-
-    s = state.active()
-    if s is None:
-        return None
-    flat = tensor.detach()
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    flat = flat.reshape(-1).view(torch.uint8)
-    now = time.monotonic()
-    with _lock:
-        _sweep(s, now)
-        tag = _tag_base | (next(_tags) & 0xFFFFFFFF)
-        _outbox[tag] = (flat, now, telemetry.current_peer())  # '' in a reply
-    return _rebuild, (s.name, tag, str(tensor.dtype), tuple(tensor.shape), str(tensor.device),
-                      flat.numel())
+def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
+    """``Link.pull`` of group ``s`` (the ``ucx_pull`` request)."""
+    found = None if s.paths is None else s.paths.ucx
+    if found is None:
+        raise RuntimeError(errors.UCX_GONE.format(peer=receiver))
+    return found.pull(s, tag, receiver, address)
 
 
 def _buffer(t: Any) -> Any:
     """What ucxx wraps: NumPy's view of a CPU tensor, a CUDA tensor as it is."""
-    return _array(t.numpy() if t.device.type == "cpu" else t)
+    return _ucxx()[1](t.numpy() if t.device.type == "cpu" else t)
 
 
 def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: str,
@@ -246,77 +456,14 @@ def _rebuild(sender: str, tag: int, dtype: str, shape: tuple[int, ...], device: 
     """On the receiver: a new tensor, filled over UCX from the sender's outbox."""
     import torch
 
-    from rpcnb.session import protocol
-
     s = state.active()
-    if s is None or _group is None:
+    found = None if s is None or s.paths is None else s.paths.ucx
+    if s is None or found is None or not found.active:
         raise RuntimeError(errors.UCX_NOT_ON.format(sender=sender,
                                                     name=s.name if s else "outside any group"))
-    if device.startswith("cuda"):
-        # untested (no GPU here): the sender's device index when this member has it
-        index = torch.device(device).index or 0
-        device = device if index < torch.cuda.device_count() else "cuda"
-    if device == "cpu":
-        out = _host_buffer(nbytes)
-    else:
-        out = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    with _lock:
-        req = _worker.tag_recv(_buffer(out), _api.UCXXTag(tag))
-        _stats["receiving"] += 1
-    try:
-        # answered once the bytes have gone over UCX: its limit grows with them
-        fut = protocol.call_async(s.token, sender, PULL, tag, s.name, _address, timeout=None,
-                                  nbytes=nbytes)
-        _wait(s, req, out, sender, fut)
-    finally:
-        with _lock:
-            _stats["receiving"] -= 1
-    with _lock:
-        _stats["received"] += 1
-        _stats["received_bytes"] += nbytes
+    out = found.receive(s, sender, tag, device, nbytes)
     torch_dtype = getattr(torch, dtype.replace("torch.", ""))
     return out.view(torch_dtype).view(shape)
-
-
-def _host_buffer(nbytes: int) -> Any:
-    """A flat uint8 CPU tensor of ``nbytes`` to receive into, over a buffer of the pool.
-
-    A fresh tensor's pages are faulted in by UCX's first write, one 4 kB page at a time,
-    which costs more than the transfer itself (0.3 GB/s on the development VM). The pool
-    keeps buffers of transparent huge pages, faulted in once, and takes each one back when
-    the tensor over it (and every view of it) is freed; past ``RPCNB_UCX_POOL_BYTES`` a
-    receive gets a fresh tensor. Buffers idle for ``RPCNB_UCX_IDLE_S`` seconds are
-    unmapped at the next receive, and all at shutdown.
-    """
-    import torch
-
-    global _pool_bytes
-    mm = None
-    with _lock:
-        now = time.monotonic()
-        _trim(now - _idle)
-        fits = [b for b in _free if nbytes <= len(b[0]) <= 2 * nbytes + HUGE]
-        if fits:
-            best = min(fits, key=lambda b: len(b[0]))
-            _free.remove(best)
-            mm = best[0]
-            _stats["reused"] += 1
-        else:
-            size = -(-nbytes // HUGE) * HUGE
-            if _pool_bytes + size > _pool_limit:
-                _trim(now)  # make room from the idle ones, however recent
-            if _pool_bytes + size <= _pool_limit:
-                mm = _new_buffer(size)
-                _pool_bytes += size if mm is not None else 0
-    if mm is None:
-        return torch.empty(nbytes, dtype=torch.uint8)
-    view = memoryview(mm)[:nbytes]
-    # not at exit: a tensor still alive then still uses the buffer (closing it raised
-    # BufferError), and the process's end unmaps it anyway
-    weakref.finalize(view, _give_back, mm).atexit = False
-    out = torch.frombuffer(view, dtype=torch.uint8, count=nbytes)
-    del view  # only the tensor's storage holds it now
-    return out
 
 
 def _new_buffer(size: int) -> mmap.mmap | None:
@@ -329,117 +476,6 @@ def _new_buffer(size: int) -> mmap.mmap | None:
     with contextlib.suppress(OSError):
         mm.madvise(MADV_POPULATE_WRITE)  # all of them now, in one go
     return mm
-
-
-def _give_back(mm: mmap.mmap) -> None:
-    """The last tensor over ``mm`` was freed: keep it for the next receive."""
-    global _pool_bytes
-    with _lock:
-        if _group is not None:
-            _free.append((mm, time.monotonic()))
-            return
-        _pool_bytes -= len(mm)
-    mm.close()
-
-
-def _trim(before: float) -> None:
-    """Unmap the free buffers idle since before ``before`` (under ``_lock``)."""
-    global _pool_bytes
-    for entry in [b for b in _free if b[1] < before]:
-        _free.remove(entry)
-        _pool_bytes -= len(entry[0])
-        entry[0].close()
-
-
-def pull(s: Any, tag: int, receiver: str, address: bytes) -> str:
-    """On the sender (``ucx_pull``): send the tensor under ``tag`` to ``receiver``, and
-    wait until it is there; returns the UCX transport it took."""
-    with _lock:
-        entry = _outbox.pop(tag, None)
-        if entry is None or _worker is None:
-            raise RuntimeError(errors.UCX_GONE.format(peer=receiver))
-        flat = entry[0]
-        ep = _eps.get(receiver)
-        if ep is None:
-            peer = _api.UCXAddress.create_from_buffer(address)
-            # Between hosts UCX's error handling fails a transfer to a dead peer; on one
-            # host it would rule out shared memory and CMA (rpcnb notices the death itself)
-            ep = _worker.create_endpoint_from_worker_address(peer, not s.one_host)
-            _eps[receiver] = ep
-        start, t0 = telemetry.now(), time.perf_counter()
-        req = ep.tag_send(_buffer(flat), _api.UCXXTag(tag))
-        _stats["sending"] += 1
-    try:
-        _wait(s, req, flat, receiver, None)
-    finally:
-        with _lock:
-            _stats["sending"] -= 1
-    duration = time.perf_counter() - t0
-    with _lock:
-        transport = _transports.get(receiver) or _transport_of(ep)
-        _transports[receiver] = transport
-        _stats["sent"] += 1
-        _stats["sent_bytes"] += flat.numel()
-    telemetry.record(receiver, "tensor", start, duration, flat.numel(),
-                     channel=f"ucx: {transport}")
-    return transport
-
-
-def _wait(s: Any, req: Any, buf: Any, peer: str, fut: Any) -> None:
-    """Drive the worker until ``req`` (and the sender's answer ``fut``) completes; an
-    error naming ``peer`` when it dies, fails, or the group ends first."""
-    # the group's RPC timeout, and the tensor's bytes at the floor rate on top
-    timeout = limits.grown(s.options.timeout, int(buf.nbytes))
-    deadline = time.monotonic() + timeout
-    idle = 0
-    while True:
-        with _lock:
-            if _worker is None:
-                reason = "this member left the group"
-                break
-            progressed = _worker.progress_once()
-            done = req.completed
-        if done:
-            try:
-                req.check_error()
-            except Exception as exc:
-                reason = f"UCX: {exc}"
-                break
-            if fut is not None:
-                # the sender's answer: once it is here, its telemetry has the transfer
-                # (not waiting would save a message's latency, 1-2 ms)
-                try:
-                    fut.wait()
-                except Exception as exc:
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    break
-            return
-        if s.is_dead(peer):
-            reason = f"{peer} died ({s.how_gone(peer)})"
-        elif fut is not None and fut.done():
-            try:
-                fut.wait()
-                continue  # the sender is done; the last bytes are on their way
-            except Exception as exc:
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        elif time.monotonic() > deadline:
-            reason = (f"not received within {timeout:.0f} s (the group's RPC timeout, and "
-                      f"its {text.size(int(buf.nbytes))} at {limits.MIN_RATE_ENV})")
-        else:
-            idle = 0 if progressed else idle + 1
-            if idle > 64:  # nothing moving: let the other threads (and processes) run
-                time.sleep(0.0005)
-            continue
-        break
-    with _lock:
-        _stats["failed"] += 1
-        _abandoned.append((req, buf))  # UCX may still write there until the worker closes
-        ep = _eps.pop(peer, None)
-        _transports.pop(peer, None)
-    if ep is not None:
-        with contextlib.suppress(Exception):
-            ep.close()
-    raise RuntimeError(errors.UCX_PEER_LOST.format(peer=peer, reason=reason))
 
 
 def _transport_of(ep: Any) -> str:

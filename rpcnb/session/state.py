@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rpcnb import errors, settings
 from rpcnb.errors import RpcnbError
@@ -24,6 +24,17 @@ from rpcnb.session.teardown import Teardown
 from rpcnb.wire.options import GroupOptions
 
 ALL = "--all"
+
+
+class DataPaths(Protocol):
+    """The group's data paths as its session holds them (``Session.paths``): an
+    ``rpcnb.paths.routes.Paths``, made when this member starts and given back by the
+    teardown once torch's agent has left. ``session/`` sits below ``paths/``, so this
+    names what the paths read of it."""
+
+    shm: Any  # rpcnb.paths.shm.Pool: shared memory in a group on one host, else None
+    zero_copy: Any  # rpcnb.paths.zerocopy.Handles: tensors already shared, sent by handle
+    ucx: Any  # rpcnb.paths.ucx.Link: UCX, in a group that asked for it, else None
 
 
 class Session:
@@ -82,6 +93,8 @@ class Session:
         # the kept group this process is attached to (a kernel), or keeps (its keeper)
         self.kept_group: str | None = None
         self.collectives_pending: list[Any] = []
+        # the group's data paths (rpcnb.membership.start makes them as this member starts)
+        self.paths: DataPaths | None = None
 
     @property
     def is_leader(self) -> bool:

@@ -89,4 +89,5 @@ def test_in_a_group_a_tensor_in_a_message_is_named_by_rpcnbs_short_name(api_grou
     data, tensors = serialize._serialize(None, udf(json.dumps, (torch.ones(2), 1), {}))
     assert b"tensor_at" in data and b"_tensor_receiver" not in data and len(tensors) == 1
     assert rpc.rpc_sync("worker1", torch.Tensor.sum, args=(torch.ones(5),)).item() == 5.0
-    assert serialize._KEPT.plain is not None and serialize._KEPT.plain[1].memo.copy() == {}
+    kept = serialize.INSTALLED.kept  # this thread's picklers
+    assert kept.plain is not None and kept.plain[1].memo.copy() == {}

@@ -237,11 +237,12 @@ def test_path_is_off_outside_a_single_host_group(no_api_group):
 def test_cuda_tensors_keep_tensorpipe():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine: the CUDA fallback cannot be exercised")
-    shm.activate("gpu-check")
+    pool = shm.Pool("gpu-check")  # a single-host group's, opened for sending
+    pool.activate()
     try:
-        assert not shm.wants(torch.randn(4 * MB, device="cuda"))
+        assert not pool.wants(torch.randn(4 * MB, device="cuda"))
     finally:
-        shm.deactivate()
+        pool.close()
 
 
 def test_no_buffers_left_after_shutdown_and_worker_kill(no_api_group):
@@ -327,8 +328,7 @@ def test_a_small_dev_shm_falls_back_with_one_warning(tmp_path):
 def test_idle_buffers_are_given_back(no_api_group, monkeypatch):
     # RPCNB_SHM_IDLE_S: a buffer nobody used for that long is unlinked by its owner and
     # unmapped by the members that mapped it, so an idle group holds no /dev/shm
-    monkeypatch.setenv("RPCNB_SHM_IDLE_S", "1")  # the workers read it at start
-    monkeypatch.setattr(shm, "_idle", 1.0)
+    monkeypatch.setenv("RPCNB_SHM_IDLE_S", "1")  # every member reads it as it starts
     seen = Seen()
     rpcnb.init(1)
     try:

@@ -107,7 +107,7 @@ def soaked():
         k.execute("import os\nos.environ['RPCNB_SHM_IDLE_S'] = '1'\n"
                   "%load_ext rpcnb\n%rpc_init --workers 2\n"
                   "import rpcnb, torch, torch.distributed.rpc as rpc\n"
-                  "from rpcnb.paths import shm\nshm._idle = 1.0\n"
+                  "from rpcnb.paths import shm\n"
                   "def make(i):\n    return [i] * 8\n")
         yield k, figures
     finally:

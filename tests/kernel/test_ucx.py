@@ -135,11 +135,12 @@ def test_received_buffers_are_reused_only_once_every_view_is_freed(own_api_group
     assert ucx.stats()["reused"] == before["reused"] + 1  # now it is taken again
     assert bool(d.eq(4).all()) and bool(b.eq(2).all()) and bool(c.eq(3).all())
     assert ucx.stats()["pool_bytes"] >= 3 * 4 * MB
+    link = ucx.link()  # the group's UCX: its receive pool outlives the group while used
     rpcnb.shutdown()
     assert bool(d.eq(4).all())  # still mapped: the group ended, d did not
-    assert ucx.stats()["pool_bytes"] >= 4 * MB  # b, c, d until they are freed
+    assert link is not None and link.stats()["pool_bytes"] >= 4 * MB  # b, c, d until freed
     del b, c, d
-    assert ucx.stats()["pool_bytes"] == 0
+    assert link.stats()["pool_bytes"] == 0
 
 
 def test_telemetry_names_the_ucx_transport(ucx_group):
@@ -418,8 +419,9 @@ def test_ucx_between_two_network_namespaces_with_a_headless_worker(kernel, netns
         assert kernel.value("ucx.transports()['worker2']") == "tcp"
         # every dtype over UCX across the namespaces, with the TCP threshold at 1 MB here
         # and on worker2 (which sends the replies)
-        kernel.execute("ucx.tcp_threshold = 2**20\n"
-                       "rpcnb.run('worker2', 'from rpcnb.paths import ucx\\nucx.tcp_threshold = 2**20')\n"
+        kernel.execute("ucx.link().tcp_threshold = 2**20\n"
+                       "rpcnb.run('worker2', 'from rpcnb.paths import ucx\\n"
+                       "ucx.link().tcp_threshold = 2**20')\n"
                        "_before = ucx.stats()")
         for dtype in ("float32", "float64", "int64", "bfloat16", "bool"):
             same = kernel.value(
@@ -469,10 +471,12 @@ def test_nothing_left_after_shutdown(no_api_group):
         rpcnb.init(1, ucx=True, shm=False)
         rpc.rpc_sync("worker1", echo, args=(torch.ones(2 * MB),))
         assert ucx.stats()["endpoints"] == 1
+        link = ucx.link()  # the group's UCX, given back at shutdown
         seen.update(started_here())
         rpcnb.shutdown()
         assert ucx.stats()["endpoints"] == 0 and not ucx.is_active()
-        assert ucx._worker is None and ucx._ctx is None
+        assert link is not None and link.stats()["endpoints"] == 0 and not link.active
+        assert link.worker is None and link.ctx is None
         assert wait_until(lambda: _threads_and_fds() <= plain, 5), (_threads_and_fds(), plain)
         warm = launch.current_launcher()  # stays for the next group, by design
         assert not [p for p in seen if pid_alive(p) and (warm is None or p != warm.pid)]

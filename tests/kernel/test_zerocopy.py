@@ -143,7 +143,7 @@ def test_shared_tensor_goes_by_handle_and_both_sides_see_writes(api_group):
 
 def test_storages_are_held_until_their_call_completes_not_longer(api_group):
     """The sender holds a storage it handed over by handle until the receiver has it: once
-    the call completes (rpc_sync, rpc_async, remote), not for zerocopy.HOLD_S more."""
+    the call completes (rpc_sync, rpc_async, remote), not for RPCNB_ZERO_COPY_HOLD_S more."""
     t = torch.ones(MB).share_memory_()
     held = zerocopy.stats()["held"]
     assert rpc.rpc_sync("worker1", echo, args=(t,)) is not None
@@ -162,14 +162,14 @@ def test_a_cells_push_goes_by_handle_is_released_and_counted(api_group, monkeypa
     (rpcnb.paths.calls.request): its pushed shared tensor still goes by handle, the sender
     holds it until the cell has answered, and the call is counted for the monitor; with a
     torch profiler on, the cell goes torch's way (rpc_async) and works the same."""
-    from rpcnb.paths import calls
+    from rpcnb.session import protocol
 
     monkeypatch.delenv("RPCNB_CALL_TIMES", raising=False)  # timed calls go torch's way
     assert rpcnb.run("worker1", "None", fetch=True) is None  # the first request finds protocol
     torch_way = []
-    call_async = calls._call_async
-    monkeypatch.setattr(calls, "_call_async",
-                        lambda *a, **k: torch_way.append(a[2]) or call_async(*a, **k))
+    call_async = protocol.call_async  # torch's way for a request (the short one: send_async)
+    monkeypatch.setattr(protocol, "call_async", lambda *a, **k: (
+        a[2] == "run_cell" and torch_way.append(a[2])) or call_async(*a, **k))
     t = torch.ones(MB).share_memory_()
     held, sent = zerocopy.stats()["held"], zerocopy.stats()["sent"]
     calls_before, since = telemetry.summary("worker1")["calls"], telemetry.now()
@@ -355,6 +355,7 @@ def test_nothing_left_in_dev_shm_after_shutdown(no_api_group):
 
     group = state.current().group_id
     pids = [os.getpid()] + [p.pid for p in state.current().procs.values()]
+    handles = zerocopy.handles()  # the group's zero copy, given back at shutdown
     try:
         a = rpc.rpc_sync("worker2", shared_of_own, args=("file_system",))
         b = torch.ones(MB)
@@ -370,4 +371,4 @@ def test_nothing_left_in_dev_shm_after_shutdown(no_api_group):
     del b
     assert shm.leftovers(group) == []
     assert wait_until(lambda: torch_shm_files(pids) == [], timeout=10), torch_shm_files(pids)
-    assert zerocopy.stats()["held"] == 0
+    assert handles is not None and handles.stats()["held"] == 0
