@@ -16,6 +16,8 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rpcnb import settings
+
 UNSUPPORTED = (
     "rpcnb runs on Linux only, and this is {platform!r}: it uses Linux's /proc, /dev/shm, "
     "cross-memory attach and network namespaces. Run the notebook's kernel on a Linux "
@@ -78,9 +80,9 @@ def visible_gpu_ids(count: int | None = None) -> list[str]:
     the order torch numbers them: what a child process gets to see one of them."""
     if count is None:
         count = len(cuda_devices())
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is None:
+    if not settings.is_set("CUDA_VISIBLE_DEVICES"):
         return [str(i) for i in range(count)]
+    listed = settings.other("CUDA_VISIBLE_DEVICES")
     return [item.strip() for item in listed.split(",") if item.strip()][:count]
 
 
@@ -92,27 +94,10 @@ def ib_devices() -> list[str]:
         return []
 
 
-@dataclass
-class _Trims:
-    """When this process last gave freed heap memory back (``give_back_memory``): the
-    process's, for its life."""
-
-    last: float = float("-inf")  # time.monotonic() of the last trim
-
-
-_TRIMS = _Trims()
-
-
-def give_back_memory(min_interval: float = 1.0) -> None:
+def give_back_memory() -> None:
     """Return freed heap memory to the system (glibc's malloc_trim; nothing elsewhere),
-    at most every ``min_interval`` seconds. Large strings freed by threads of their own
-    (RPC threads) stay in per-thread arenas otherwise, and the process keeps their size."""
-    import time
-
-    now = time.monotonic()
-    if now - _TRIMS.last < min_interval:
-        return
-    _TRIMS.last = now
+    after something large was freed. Large strings freed by threads of their own (RPC
+    threads) stay in per-thread arenas otherwise, and the process keeps their size."""
     try:
         _libc().malloc_trim(0)
     except (OSError, AttributeError):
@@ -437,7 +422,7 @@ def _fixed_facts() -> dict[str, Any]:
         lsms=[x for x in lsm.split(",") if x] if lsm is not None else None,
         ptrace_scope=int(scope) if scope and scope.isdigit() else None,
         cma_selftest=cma_selftest(), memfd=_memfd_works(), ibverbs=_ibverbs(),
-        ib_devices=ib_devices(), socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""),
+        ib_devices=ib_devices(), socket_ifname=settings.other("TP_SOCKET_IFNAME"),
         cuda_built=built, cuda_devices=devices, p2p=p2p,
         nv_peer_mem=any(os.path.exists(f"/sys/module/{m}")
                         for m in ("nv_peer_mem", "nvidia_peermem")),
@@ -450,4 +435,4 @@ def process_facts() -> dict[str, Any]:
     (the group fills those in). Read once per process, at the first call: they are fixed
     while the process lives; only ``TP_SOCKET_IFNAME`` is read each time (a kernel's
     later group may listen elsewhere)."""
-    return dict(_fixed_facts(), socket_ifname=os.environ.get("TP_SOCKET_IFNAME", ""))
+    return dict(_fixed_facts(), socket_ifname=settings.other("TP_SOCKET_IFNAME"))

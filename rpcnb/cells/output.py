@@ -193,7 +193,7 @@ class Capture:
                       limits.grown(timeout, pending), every=0.001)
         self._futures.clear()
         if self.large:
-            machine.give_back_memory(min_interval=0)
+            machine.give_back_memory()
         return self._seq
 
 

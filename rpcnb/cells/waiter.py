@@ -333,7 +333,7 @@ class Waiter:
             sent.transfers.close(ok=all(c.done and c.error is None for c in self.calls.values()))
         self.printer.finish()
         if self.large:  # printed and flushed: give the memory back (docs: load)
-            machine.give_back_memory(min_interval=0)
+            machine.give_back_memory()
 
     def _verdict(self) -> None:
         """Raise what ended the wait early, if anything did."""

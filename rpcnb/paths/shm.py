@@ -146,7 +146,7 @@ class Pool:
                 # the tensors those buffers carried were freed with them: large blocks freed
                 # by RPC threads stay in glibc's per-thread arenas until trimmed, and a worker
                 # that moved a few 100 MB tensors would keep their size for good
-                give_back_memory(min_interval=0)
+                give_back_memory()
             for hook in self.every_second:
                 hook()
 

@@ -77,8 +77,8 @@ def _ucxx() -> tuple[Any, Any]:
     from rpcnb import machine
 
     if not machine.cuda_devices():
-        os.environ.setdefault("UCX_RNDV_FRAG_MEM_TYPE", "host")
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        settings.set_default("UCX_RNDV_FRAG_MEM_TYPE", "host")
+    settings.set_default("UCX_WARN_UNUSED_ENV_VARS", "n")
     try:
         import ucxx._lib.libucxx as api
         from ucxx._lib.arr import Array
@@ -97,7 +97,7 @@ def _config(s: Any) -> dict[str, str]:
 
     config = {}
     if s.one_host and s.kind == "kernel" and not machine.cuda_devices() and \
-            "UCX_RNDV_SCHEME" not in os.environ:
+            not settings.is_set("UCX_RNDV_SCHEME"):
         # A kernel never copies from or into a peer's memory itself: as a receiver it asks
         # the sender to write (put), and a worker receiving from it reads (get, UCX's
         # choice). UCX has no peer error handling on one host, and a copy that fails
@@ -105,9 +105,9 @@ def _config(s: Any) -> dict[str, str]:
         # never the notebook's kernel. (Where there are GPUs UCX keeps its own choice:
         # not measured there yet.)
         config["RNDV_SCHEME"] = "put_zcopy"
-    if os.environ.get("UCX_NET_DEVICES"):
+    if settings.other("UCX_NET_DEVICES"):
         return config
-    iface = os.environ.get("TP_SOCKET_IFNAME", "") if not s.one_host else ""
+    iface = settings.other("TP_SOCKET_IFNAME") if not s.one_host else ""
     return {**config, "NET_DEVICES": iface or "lo"}
 
 
