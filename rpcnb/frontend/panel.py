@@ -85,8 +85,8 @@ class Publisher:
         self.links: dict[str, Link] = {}
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
-        self.actions: dict[str, queue.Queue[tuple[Link, dict[str, Any]]]] = {
-            "wait": queue.Queue(), "now": queue.Queue()}
+        self.actions: dict[str, queue.Queue[Asked]] = {"wait": queue.Queue(),
+                                                       "now": queue.Queue()}
         self.actors: dict[str, threading.Thread] = {}
         self.sent = 0  # snapshots sent, for tests
         self.idle = threading.Event()  # no cell runs in this kernel (IPython's events)
@@ -134,7 +134,7 @@ class Publisher:
             # cell, and those that must not wait behind them (interrupt, restart, ...)
             kind = "wait" if str(data.get("action")) in WAIT_FOR_IDLE else "now"
             with self.lock:
-                self.actions[kind].put((link, data))
+                self.actions[kind].put(Asked(link, data))
                 actor = self.actors.get(kind)
                 if actor is None or not actor.is_alive():
                     actor = threading.Thread(target=self._act, args=(kind,), daemon=True,
@@ -312,13 +312,14 @@ class Publisher:
         line = self.actions[kind]
         while True:
             try:
-                link, data = line.get(timeout=30)
+                asked = line.get(timeout=30)
             except queue.Empty:
                 with self.lock:
                     if line.empty():
                         self.actors.pop(kind, None)
                         return
                 continue
+            link, data = asked.link, asked.data
             reply: dict[str, Any] = {"type": "reply", "id": data.get("id"), "ok": True}
             try:
                 if kind == "wait":
@@ -358,6 +359,14 @@ class Link:
     comm: Any
     detail: str = "full"
     last: str = ""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """An action a panel asked for (its message's data), waiting in its line."""
+
+    link: Link  # the panel that asked: the reply goes there
+    data: dict[str, Any]
 
 
 def _summary(snap: dict[str, Any]) -> dict[str, Any]:
