@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rpcnb import errors, progress, telemetry, text
-from rpcnb.cells import call, comms
+from rpcnb.cells import call, comms, waiter
 from rpcnb.cells.messages import Done, Message, from_wire
 from rpcnb.cells.printer import Printer
 from rpcnb.errors import RpcnbError
@@ -45,7 +45,7 @@ class BackgroundCell:
         self._cancel = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        self._sent: call.Sent | None = None
+        self._sent: waiter.Sent | None = None
         # adopted (rpcnb.cells.orphans): the kernel that started it, and what it printed
         # while no kernel was attached
         self.origin = ""
@@ -124,7 +124,7 @@ class BackgroundCell:
         if self._done.is_set():
             if self._error is None:
                 return "done"
-            if isinstance(self._error, call.Cancelled):
+            if isinstance(self._error, waiter.Cancelled):
                 return "cancelled" + (f" (still running on {', '.join(self._error.late)})"
                                       if self._error.late else "")
             # a RemoteError says what the cell raised there (ZeroDivisionError, ...)
@@ -167,9 +167,9 @@ class BackgroundCell:
         printer.show(self.workers[0], from_wire(self.kept))
         printer.finish()
 
-    def _follow(self, s: state.Session, sent: call.Sent, timeout: float | None) -> None:
+    def _follow(self, s: state.Session, sent: waiter.Sent, timeout: float | None) -> None:
         try:
-            call.wait(s, sent, timeout, prefix=self.many or bool(self.origin),
+            waiter.wait(s, sent, timeout, prefix=self.many or bool(self.origin),
                       cancel=self._cancel)
             self._value = sent.outcome(self.many)
         except BaseException as exc:  # noqa: BLE001 - kept for result(); shown below
@@ -264,8 +264,8 @@ def _adopted(s: state.Session, worker: str, rec: dict[str, Any],
         job.ended, job.kept_ended = now - (now_wall - rec["ended"]), rec["status"]
     cid = rec["call_id"]
     inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
-    c = call.Call(cid, worker, inbox, next_seq=int(rec["next_seq"]))
-    sent = call.Sent({cid: c}, inbox, telemetry.now(), time.perf_counter())
+    c = waiter.Call(cid, worker, inbox, next_seq=int(rec["next_seq"]))
+    sent = waiter.Sent({cid: c}, inbox, telemetry.now(), time.perf_counter())
     s.add_call(c)  # its output is delivered to it from now on
     s.add_job(job)
     job._sent = sent

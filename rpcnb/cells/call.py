@@ -19,7 +19,7 @@ from typing import Any
 from rpcnb import errors, progress, telemetry, waiting
 from rpcnb.cells import profiles
 from rpcnb.cells.messages import Aside, Done, Output, from_wire
-from rpcnb.cells.waiter import INTERRUPT_GRACE, LOCAL, Call, Cancelled, Sent, wait  # noqa: F401 - the names callers know this module by
+from rpcnb.cells.waiter import LOCAL, Call, Sent, wait
 from rpcnb.errors import RemoteError
 from rpcnb.paths import calls, zerocopy
 from rpcnb.session import protocol, roster, state

@@ -73,7 +73,7 @@ STATEMENTS: list[tuple[str, Callable[[], float], float]] = [
     (r"does not answer\s+`%rpc_workers` in ([\d.]+) s", _constant("rpcnb.membership.view", "ASK_S"),
      SECONDS),
     (r"The caller waits up to ([\d.]+) s for\s+the cell to stop",
-     _constant("rpcnb.cells.call", "INTERRUPT_GRACE"), SECONDS),
+     _constant("rpcnb.cells.waiter", "INTERRUPT_GRACE"), SECONDS),
     (r"waits ([\d.]+) s for the stacks", _constant("rpcnb.observe.stacks", "ASK_S"), SECONDS),
     (r"([\d.]+) s for a completion", _constant("rpcnb.observe.names", "ASK_S"), SECONDS),
     (r"and ([\d.]+) s for\s+`%rpc_who`", _constant("rpcnb.observe.names", "WHO_S"), SECONDS),
