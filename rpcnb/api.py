@@ -310,7 +310,8 @@ def restart(name: str) -> Group:
     ``%rpc_restart WORKER``.
 
     Args:
-        name: the worker to replace, one that this process started.
+        name: the worker to replace, one that this process started; or a worker set
+            (``worker1-4``, ``worker2,worker5-7``), replaced one after another.
 
     Returns:
         The group, with the fresh process under ``name``.
@@ -321,8 +322,10 @@ def restart(name: str) -> Group:
             process failed to start or did not join in time.
     """
     from rpcnb.membership import resize
+    from rpcnb.session import roster
 
-    print(resize.restart(name))
+    for one in roster.expand(state.current(), name):
+        print(resize.restart(one))
     return group()
 
 

@@ -130,7 +130,7 @@ class RpcMagics(Magics):
         print(api.add_workers(plan.workers, **plan.kwargs))
 
     @magic_arguments()
-    @argument("name", help="the worker to replace, e.g. worker1")
+    @argument("name", help="the worker to replace, e.g. worker1; or a set, worker1-4")
     @usage_errors
     @line_magic
     def rpc_restart(self, line: str) -> None:
@@ -253,7 +253,8 @@ class RpcMagics(Magics):
     # -- channels, probe and device maps (rpcnb.observe, rpcnb.frontend.widgets) --------------------
 
     @magic_arguments()
-    @argument("workers", nargs="*", help="members to probe, by name (default: every other)")
+    @argument("workers", nargs="*",
+              help="members to probe: names or sets, worker1-8 (default: every other)")
     @argument("--sizes", default=None,
               help="message sizes, e.g. 1K,1M,256M (default: 1K to 256M, each x4)")
     @argument("--repeats", type=int, default=3, help="sends per size; the median is kept")
@@ -274,7 +275,8 @@ class RpcMagics(Magics):
         return probe.probe(workers or None, sizes, args.repeats, tensorpipe_only=args.tensorpipe)
 
     @magic_arguments()
-    @argument("workers", nargs="*", help="workers to list, by name (default: every other member)")
+    @argument("workers", nargs="*",
+              help="workers to list: names or sets, worker1-8 (default: every other member)")
     @usage_errors
     @line_magic
     def rpc_who(self, line: str) -> Any:
@@ -289,7 +291,8 @@ class RpcMagics(Magics):
         return api.who([w for item in args.workers for w in plans.csv(item) or []] or None)
 
     @magic_arguments()
-    @argument("workers", nargs="*", help="members to show, by name (default: every other)")
+    @argument("workers", nargs="*",
+              help="members to show: names or sets, worker1-8 (default: every other)")
     @argument("--all", action="store_true", help="every member, this kernel included")
     @argument("--full", action="store_true",
               help="every frame of every thread: rpcnb's around the cell, the idle threads'")

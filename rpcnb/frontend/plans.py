@@ -113,7 +113,7 @@ init_flags = _stack([
 remote_flags = _stack([
     magic_arguments(),
     argument("target", nargs="?", default=None,
-             help="worker name, or several separated by commas"),
+             help="a worker, or a worker set: worker1-8, worker2,worker5-7, @HOST"),
     argument("--all", action="store_true", help="every worker but this kernel"),
     argument("-o", dest="output", default=None, help="bind the result to this name"),
     argument("--fetch", action="store_true", help="return the value, not an RRef"),

@@ -226,6 +226,7 @@ def who(workers: list[str] | None = None, *, timeout: float = WHO_S) -> Variable
     from rpcnb.session import protocol, roster, state
 
     s = state.current()
+    workers = roster.expand(s, workers) if workers else None  # a worker set: worker1-8
     live = roster.live_names(s)
     dead, unreachable = s.dead(), s.unreachable()
     names: list[str] = []

@@ -147,6 +147,7 @@ def probe(workers: list[str] | None = None, sizes: list[int] | None = None,
     import torch
 
     s = state.current()
+    workers = roster.expand(s, workers) if workers else None  # a worker set: worker1-8
     live = roster.live_names(s)
     peers = [n for n in live if n != s.name] if not workers else list(workers)
     for name in peers:

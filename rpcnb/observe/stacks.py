@@ -191,6 +191,7 @@ def stacks(workers: list[str] | None = None, *, every: bool = False, full: bool 
         raise ValueError(errors.STACKS_BAD_TIMEOUT.format(timeout=timeout))
     s = state.current()
     t0 = time.perf_counter()
+    workers = roster.expand(s, workers) if workers else None  # a worker set: worker1-8
     live = roster.live_names(s)
     dead, unreachable = s.dead(), s.unreachable()
     if workers:

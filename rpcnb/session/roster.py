@@ -16,7 +16,7 @@ from typing import Any
 
 from rpcnb import errors
 from rpcnb.errors import RpcnbError, WorkerDiedError, WorkerUnreachableError
-from rpcnb.session import protocol, rendezvous, state
+from rpcnb.session import protocol, rendezvous, state, workersets
 from rpcnb.session.members import Member, Status
 from rpcnb.session.state import ALL, Session
 from rpcnb.wire import _gather, _torch
@@ -154,10 +154,26 @@ def refresh(s: Session) -> None:
             s.add_member(Member(name, rank), replace=False)
 
 
+def expand(s: Session, spec: str | Iterable[str]) -> list[str]:
+    """The members a worker set names (``rpcnb.session.workersets``: ``worker1-8``,
+    ``worker2,worker5-7``, ``@HOST``; a string, or strings each a set), checked against the
+    members this process knows, the dead included; RpcnbError saying what there is. A host
+    names the workers there, as ``--all`` does: not this process, not a kept group's keeper."""
+    records = s.records()
+    skip = (s.name, s.leader) if s.kept_group or s.options.keeper else (s.name,)
+    try:
+        return workersets.expand(spec, [m.name for m in sorted(records, key=lambda m: m.rank)],
+                                 {m.name: m.host for m in records if m.host and m.name not in skip})
+    except ValueError as exc:
+        raise RpcnbError(str(exc)) from None
+
+
 def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], bool]:
-    """Worker names for ``target`` ('w1', 'w1,w2', a list, torch's WorkerInfo, or ALL); and whether the
+    """Worker names for ``target`` (a name, a worker set such as ``worker1-8`` or
+    ``worker2,worker5-7``, a list of those, torch's WorkerInfo, or ALL); and whether the
     result is a dict (several targets named)."""
-    if type(target) is str and "," not in target and target != ALL:
+    if type(target) is str and "," not in target and "-" not in target and target != ALL \
+            and not target.startswith("@"):
         m = s.members.get(target)  # one admitted member, alive: every cell to one worker
         if m is not None and m.status is Status.ALIVE:
             return [target], False
@@ -171,17 +187,13 @@ def resolve(s: Session, target: str | Iterable[str] | None) -> tuple[list[str], 
             raise RpcnbError(errors.NO_WORKERS)
         return names, True
     if isinstance(target, str):
-        parts = [p.strip() for p in target.split(",")]
-        many = "," in target
+        parts, many = [target], workersets.is_several(target)
     elif isinstance(target, Iterable):  # a list, a set, a dict of results keyed by name
-        parts = [_name_of(s, p).strip() for p in target]
-        many = True
+        parts, many = [_name_of(s, p) for p in target], True
     else:
         parts, many = [_name_of(s, target)], False  # torch's WorkerInfo, or an error
     names = []
-    for p in parts:
-        if not p:
-            continue
+    for p in expand(s, parts):
         if s.is_dead(p):
             raise WorkerDiedError(s.death_message(p), p)
         if s.is_unreachable(p):

@@ -170,6 +170,26 @@ def test_several_workers_run_in_parallel_with_prefixes(group):
     assert both.text == repr({"worker1": pids["worker1"], "worker2": pids["worker2"]})
 
 
+def test_a_worker_set_names_several_workers_wherever_workers_are_named(group):
+    pids = worker_pids(group)
+    both = repr({"worker1": pids["worker1"], "worker2": pids["worker2"]})
+    assert group.execute("%%remote worker1-2 --fetch\nimport os\nos.getpid()").text == both
+    assert group.execute("%%remote worker2,worker1 --fetch\nimport os\nos.getpid()").text == \
+        repr({"worker2": pids["worker2"], "worker1": pids["worker1"]})
+    host = group.value("__import__('socket').gethostname()")
+    assert group.execute(f"%%remote @{host} --fetch\n1").text == "{'worker1': 1, 'worker2': 1}"
+    assert group.value("sorted(__import__('rpcnb').run('worker1-2', '1', fetch=True))") == \
+        ["worker1", "worker2"]
+    stacks = group.execute("%rpc_stacks worker1-2").text
+    assert "worker1: runs no cell now" in stacks and "worker2: runs no cell now" in stacks, \
+        stacks
+    out = group.execute("%%remote worker2-9\n1", allow_error=True)
+    assert out.traceback.startswith("UsageError: worker2-9 names worker3-9, which are not in "
+                                    "this group (it has worker0-2)."), out.traceback
+    out = group.execute("%rpc_who worker[1:8]", allow_error=True)
+    assert "'worker[1:8]' is not a worker set" in out.traceback, out.traceback
+
+
 def test_worker_lines_never_land_inside_a_line_the_kernel_is_printing(group):
     """``print`` writes its text and its newline in two calls; workers' lines that arrive
     in between wait for the newline (a kernel thread serving RPC prints while they do)."""
