@@ -5,9 +5,10 @@ The sentences are module constants so tests (and docs/troubleshooting.md) can ma
 
 from __future__ import annotations
 
+import re
 from typing import Any, NoReturn
 
-from rpcnb import docs
+from rpcnb import docs, text
 
 NOT_INITIALIZED = "This process is not in an RPC group yet: run %rpc_init (or rpcnb.init()) first."
 ALREADY_INITIALIZED = (
@@ -411,14 +412,22 @@ class RemoteError(RpcnbError):
         return [head, *body, *self._others()]
 
 
+SUMMARY_CHARS = 200  # the first line of several workers' errors, at most about
+SHOWN_KINDS = 4  # different errors shown with their traceback; the rest are named
+
+
 class CompositeRemoteError(RemoteError):
     """Several workers raised; ``errors`` maps each worker's name to its RemoteError.
 
     Raised by a cell sent to several workers (``%%remote w1,w2``, ``--all``) when more than
-    one of them raised; IPython shows each traceback.
+    one of them raised. Workers that raised the same error (type, message and traceback,
+    apart from the worker's own name) show as one traceback labelled with their set
+    (``worker1-32``); each different error shows once; ``%debug WORKER`` opens any one
+    worker's frames.
 
     Attributes:
-        errors: each worker's name mapped to its ``RemoteError``.
+        errors: each worker's name mapped to its ``RemoteError``, every one kept.
+        kinds: the workers that raised each different error, in the order first raised.
         worker: the first of those workers (``ename``, ``evalue`` and ``traceback`` are
             its error's, as a single ``RemoteError`` has them).
         results: for a cell sent to several workers, what those that finished returned
@@ -429,15 +438,59 @@ class CompositeRemoteError(RemoteError):
         first = next(iter(errors.values()))
         super().__init__(first.worker, first.ename, first.evalue, first.traceback)
         self.errors = errors
-        self.args = (f"{len(errors)} workers raised: " + ", ".join(
-            f"{w}: {e.ename}" for w, e in errors.items()),)
+        kinds: dict[tuple[str, str, str], list[str]] = {}
+        for name, err in errors.items():
+            kinds.setdefault(_alike(err), []).append(name)
+        self.kinds = list(kinds.values())
+        self.args = (self.summary(),)
+
+    def summary(self) -> str:
+        """One line, about ``SUMMARY_CHARS`` at most: ``32 workers raised
+        ZeroDivisionError: division by zero (worker1-32)``."""
+        n = len(self.errors)
+        if len(self.kinds) == 1:
+            err = self.errors[self.kinds[0][0]]
+            where = f" ({text.worker_set(self.kinds[0])})"
+            said = f"{n} workers raised {err.ename}: {_first_line(err.evalue)}"
+            return _cut(said, SUMMARY_CHARS - len(where)) + where
+        parts = [f"{self.errors[k[0]].ename} ({text.worker_set(k)})" for k in self.kinds]
+        return _cut(f"{n} workers raised {len(self.kinds)} different errors: " + "; ".join(parts),
+                    SUMMARY_CHARS)
 
     def _render_traceback_(self) -> list[str]:
-        lines: list[str] = [f"CompositeRemoteError: {len(self.errors)} workers raised"]
-        for err in self.errors.values():
-            lines.append("")
-            lines.extend(err._render_traceback_())
+        lines: list[str] = [f"CompositeRemoteError: {self.args[0]}"]
+        for kind in self.kinds[:SHOWN_KINDS]:
+            err = self.errors[kind[0]]
+            lines += ["", f"RemoteError: {err.ename} on {text.worker_set(kind)}",
+                      *(err.traceback.rstrip("\n").splitlines() or [f"{err.ename}: {err.evalue}"])]
+        rest = self.kinds[SHOWN_KINDS:]
+        if rest:
+            lines += ["", f"... and {len(rest)} more different errors: " + "; ".join(
+                f"{self.errors[k[0]].ename} ({text.worker_set(k)})" for k in rest)]
+        if len(self.kinds) < len(self.errors) or rest:
+            lines += ["", "Each worker's own error is in this error's .errors[NAME] "
+                      "(sys.last_value.errors in IPython); %debug NAME opens its frames."]
         return [*lines, *self._others()]
+
+
+def _alike(err: RemoteError) -> tuple[str, str, str]:
+    """An error apart from the worker it happened on: its type, message and traceback, with
+    the worker's name and its cells' numbers (``<worker7 cell 3>``) made alike."""
+    name = re.escape(err.worker)
+
+    def plain(said: str) -> str:
+        said = re.sub(rf"<{name} cell \d+>", "<cell>", said)
+        return re.sub(rf"\b{name}\b", "<worker>", said)
+
+    return err.ename, plain(err.evalue), plain(err.traceback)
+
+
+def _first_line(said: str) -> str:
+    return (said.strip().splitlines() or [""])[0]
+
+
+def _cut(said: str, limit: int) -> str:
+    return said if len(said) <= limit else said[:max(0, limit - 3)].rstrip() + "..."
 
 UCX_MISSING = (
     "--ucx (RPCNB_UCX=1) needs the ucxx package, which is not installed here: "

@@ -1,9 +1,11 @@
 """Plain text for people: the tables %rpc_workers, %rpc_probe, %rpc_who and %rpc_channels
---text print, and byte sizes and shapes as every display of rpcnb writes them."""
+--text print, byte sizes and shapes as every display of rpcnb writes them, and sets of
+workers as rpcnb names them (``worker_set``: ``worker1-32``, ``worker2,worker5-7``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 
 _UNITS = (("GB", 30), ("MB", 20), ("KB", 10))
 
@@ -39,3 +41,46 @@ def size(nbytes: float, unit: str | None = None, decimals: int | None = 1) -> st
 def shape(dims: Sequence[int]) -> str:
     """A tensor's or array's shape as Python writes the tuple: ``"(2, 3)"``, ``"(4,)"``, ``"()"``."""
     return f"({', '.join(map(str, dims))}{',' if len(dims) == 1 else ''})"
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")  # a numbered name: PREFIX<number>
+
+
+def worker_set(names: Iterable[str]) -> str:
+    """``names`` as the shortest set: ``worker1-32``, ``worker2,worker5-7``,
+    ``kernel_12,worker1-4``. Names that share a prefix are sorted by number; a run of three
+    or more numbers in a row is a range. ``rpcnb.session.workersets.expand`` of it gives the
+    same names."""
+    numbered: dict[str, list[int]] = {}
+    order: list[tuple[str, int | None, str]] = []  # (prefix or name, number, name)
+    for name in dict.fromkeys(names):  # each once, first seen first
+        m = _NUMBERED.match(name)
+        if m is None or m.group(2).startswith("0") and m.group(2) != "0" or not m.group(1):
+            order.append((name, None, name))
+        else:
+            prefix, n = m.group(1), int(m.group(2))
+            if prefix not in numbered:
+                order.append((prefix, 0, ""))
+            numbered.setdefault(prefix, []).append(n)
+    out: list[str] = []
+    for key, number, name in order:
+        if number is None:
+            out.append(name)
+            continue
+        out.extend(_runs(key, sorted(numbered[key])))
+    return ",".join(out)
+
+
+def _runs(prefix: str, numbers: list[int]) -> list[str]:
+    out: list[str] = []
+    start = 0
+    for i in range(1, len(numbers) + 1):
+        if i < len(numbers) and numbers[i] == numbers[i - 1] + 1:
+            continue
+        run = numbers[start:i]
+        if len(run) >= 3:
+            out.append(f"{prefix}{run[0]}-{run[-1]}")
+        else:
+            out.extend(f"{prefix}{n}" for n in run)
+        start = i
+    return out

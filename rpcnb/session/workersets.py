@@ -7,8 +7,9 @@ same members.
     worker2,worker5-7    a list of names and ranges (spaces around the commas are allowed)
     @gpu-node-3          every member on that host, as ``%rpc_workers`` shows it
 
-``expand`` turns a set into names, checked against the members a group knows; ``label``
-writes names as the shortest set (runs of three or more as a range). Member names hold no
+``expand`` turns a set into names, checked against the members a group knows;
+``rpcnb.text.worker_set`` writes names as the shortest set (runs of three or more as a
+range). Member names hold no
 ``-`` (``rpcnb.wire.options.check_name``), so a ``-`` always means a range.
 """
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-# a numbered name, and a range of them: PREFIX<first>-[PREFIX]<last>
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+from rpcnb import text
+
+# a range of numbered names: PREFIX<first>-[PREFIX]<last>
 _RANGE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)(\d+)-(?:\1)?(\d+)$")
 
 NOT_A_SET = (
@@ -74,48 +76,9 @@ def _one(item: str, known: Sequence[str], hosts: Mapping[str, str]) -> list[str]
     names = [f"{prefix}{i}" for i in range(first, last + 1)]
     missing = [n for n in names if n not in known]
     if len(missing) == len(names):
-        raise ValueError(NAMES_NO_ONE.format(item=item, known=label(known) or "no members"))
+        raise ValueError(NAMES_NO_ONE.format(item=item, known=text.worker_set(known) or "no members"))
     if missing:
-        raise ValueError(NAMES_MISSING.format(item=item, missing=label(missing),
+        raise ValueError(NAMES_MISSING.format(item=item, missing=text.worker_set(missing),
                                               are="is" if len(missing) == 1 else "are",
-                                              known=label(known)))
+                                              known=text.worker_set(known)))
     return names
-
-
-def label(names: Iterable[str]) -> str:
-    """``names`` as the shortest set: ``worker1-32``, ``worker2,worker5-7``,
-    ``kernel_12,worker1-4``. Names that share a prefix are sorted by number; a run of three
-    or more numbers in a row is a range. ``expand`` of the label gives the same names."""
-    numbered: dict[str, list[int]] = {}
-    order: list[tuple[str, int | None, str]] = []  # (prefix or name, number, name)
-    for name in dict.fromkeys(names):  # each once, first seen first
-        m = _NUMBERED.match(name)
-        if m is None or m.group(2).startswith("0") and m.group(2) != "0" or not m.group(1):
-            order.append((name, None, name))
-        else:
-            prefix, n = m.group(1), int(m.group(2))
-            if prefix not in numbered:
-                order.append((prefix, 0, ""))
-            numbered.setdefault(prefix, []).append(n)
-    out: list[str] = []
-    for key, number, name in order:
-        if number is None:
-            out.append(name)
-            continue
-        out.extend(_runs(key, sorted(numbered[key])))
-    return ",".join(out)
-
-
-def _runs(prefix: str, numbers: list[int]) -> list[str]:
-    out: list[str] = []
-    start = 0
-    for i in range(1, len(numbers) + 1):
-        if i < len(numbers) and numbers[i] == numbers[i - 1] + 1:
-            continue
-        run = numbers[start:i]
-        if len(run) >= 3:
-            out.append(f"{prefix}{run[0]}-{run[-1]}")
-        else:
-            out.extend(f"{prefix}{n}" for n in run)
-        start = i
-    return out

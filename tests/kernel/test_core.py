@@ -190,6 +190,19 @@ def test_a_worker_set_names_several_workers_wherever_workers_are_named(group):
     assert "'worker[1:8]' is not a worker set" in out.traceback, out.traceback
 
 
+def test_the_same_error_on_several_workers_shows_once_with_its_set(group):
+    out = group.execute("%%remote --all\nx = 1\n1 / x // 0", allow_error=True)
+    assert out.error["ename"] == "CompositeRemoteError", out.error
+    shown = out.traceback
+    assert shown.startswith("CompositeRemoteError: 2 workers raised ZeroDivisionError: "
+                            "float floor division by zero (worker1,worker2)"), shown
+    assert shown.count("RemoteError: ZeroDivisionError on worker1,worker2") == 1, shown
+    assert shown.count("1 / x // 0") == 1, shown  # one traceback for both
+    # each worker's own error is kept, and the group goes on
+    assert group.value("sorted(__import__('sys').last_value.errors)") == ["worker1", "worker2"]
+    assert group.execute("%%remote worker2 --fetch\nx + 1").text == "2"
+
+
 def test_worker_lines_never_land_inside_a_line_the_kernel_is_printing(group):
     """``print`` writes its text and its newline in two calls; workers' lines that arrive
     in between wait for the newline (a kernel thread serving RPC prints while they do)."""

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rpcnb import text
 from rpcnb.session import workersets
 
 GROUP = [f"worker{i}" for i in range(0, 65)]
@@ -40,16 +41,16 @@ def test_a_set_that_names_no_member_says_what_there_is(spec, said):
 
 
 def test_labels_are_short_and_written_in_the_grammar():
-    assert workersets.label(f"worker{i}" for i in range(1, 33)) == "worker1-32"
-    assert workersets.label(["worker2", "worker7", "worker5", "worker6"]) == "worker2,worker5-7"
-    assert workersets.label(["worker1", "worker2"]) == "worker1,worker2"  # two: no range
-    assert workersets.label(["kernel_12", "worker3", "worker1", "worker2"]) == "kernel_12,worker1-3"
-    assert workersets.label([]) == ""
+    assert text.worker_set(f"worker{i}" for i in range(1, 33)) == "worker1-32"
+    assert text.worker_set(["worker2", "worker7", "worker5", "worker6"]) == "worker2,worker5-7"
+    assert text.worker_set(["worker1", "worker2"]) == "worker1,worker2"  # two: no range
+    assert text.worker_set(["kernel_12", "worker3", "worker1", "worker2"]) == "kernel_12,worker1-3"
+    assert text.worker_set([]) == ""
 
 
 @given(st.sets(st.sampled_from(GROUP), min_size=1))
 def test_a_label_pasted_as_a_set_names_the_same_members(members):
-    label = workersets.label(members)
+    label = text.worker_set(members)
     assert " " not in label  # it pastes as one argument of a magic
     assert set(workersets.expand(label, GROUP)) == members
     assert workersets.is_several(label) == (len(members) > 1)
